@@ -1,0 +1,140 @@
+// Outcomes: how every request, sequence and stream of tailbatch ends.
+//
+// Every submitted request completes exactly once, with a value (Status::ok) or with one of
+// the other statuses and a message saying why. Cancellation uses the standard stop-token
+// machinery under tailbatch's names, so that one token cancels a queued request, a
+// request's result, and a TokenStreamer alike.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+
+namespace tailbatch {
+
+// How a request ended.
+enum class Status : std::uint8_t {
+  ok,                 // executed; the value is there
+  rejected,           // never admitted or never executed: see RejectReason
+  deadline_exceeded,  // its deadline passed before it could run; it was never executed late
+  cancelled,          // the caller cancelled it: removed from the queue, or its result discarded
+  failed,             // the model call (or step) threw; the message is the exception's what()
+};
+
+// Why a request was rejected. `none` for every status but Status::rejected.
+enum class RejectReason : std::uint8_t {
+  none,
+  queue_full,     // the bounded queue was full: fail fast, retry after the hint
+  overloaded,     // the concurrency limiter refused admission
+  shutting_down,  // the component is stopping and takes no new work
+  too_large,      // the request alone exceeds a budget (token budget, batch size) and can never run
+};
+
+// A short, stable, lower-case name, as used in metrics labels ("deadline_exceeded").
+// Never allocates. Thread-safe.
+[[nodiscard]] constexpr std::string_view to_string(Status s) noexcept {
+  switch (s) {
+    case Status::ok: return "ok";
+    case Status::rejected: return "rejected";
+    case Status::deadline_exceeded: return "deadline_exceeded";
+    case Status::cancelled: return "cancelled";
+    case Status::failed: return "failed";
+  }
+  return "unknown";
+}
+
+// A short, stable, lower-case name, as used in metrics labels ("queue_full").
+// Never allocates. Thread-safe.
+[[nodiscard]] constexpr std::string_view to_string(RejectReason r) noexcept {
+  switch (r) {
+    case RejectReason::none: return "none";
+    case RejectReason::queue_full: return "queue_full";
+    case RejectReason::overloaded: return "overloaded";
+    case RejectReason::shutting_down: return "shutting_down";
+    case RejectReason::too_large: return "too_large";
+  }
+  return "unknown";
+}
+
+// Everything known about a request that did not end with a value.
+struct Error {
+  Status status = Status::failed;
+  RejectReason reason = RejectReason::none;
+  std::string message;
+  // For Status::rejected with RejectReason::queue_full or overloaded: how long the caller
+  // should wait before retrying, derived from the current drain rate. Zero when unknown.
+  std::chrono::nanoseconds retry_after{0};
+};
+
+// Thrown by Outcome::value() when there is no value. Carries the Error.
+class BadOutcomeAccess : public std::runtime_error {
+ public:
+  explicit BadOutcomeAccess(Error e)
+      : std::runtime_error(std::string("tailbatch: no value (") + std::string(to_string(e.status)) +
+                           "): " + e.message),
+        error_(std::move(e)) {}
+  [[nodiscard]] const Error& error() const noexcept { return error_; }
+
+ private:
+  Error error_;
+};
+
+// The end of one request: a value, or an Error. Not thread-safe: owned by one caller.
+template <class T>
+class [[nodiscard]] Outcome {
+ public:
+  // An ok outcome holding value.
+  Outcome(T value) : state_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit by design
+  // A non-ok outcome. error.status must not be Status::ok.
+  Outcome(Error error) : state_(std::in_place_index<1>, std::move(error)) {}  // NOLINT
+
+  [[nodiscard]] bool ok() const noexcept { return state_.index() == 0; }
+  explicit operator bool() const noexcept { return ok(); }
+
+  [[nodiscard]] Status status() const noexcept {
+    return ok() ? Status::ok : std::get<1>(state_).status;
+  }
+  // RejectReason::none unless status() is Status::rejected.
+  [[nodiscard]] RejectReason reason() const noexcept {
+    return ok() ? RejectReason::none : std::get<1>(state_).reason;
+  }
+  // Empty for an ok outcome.
+  [[nodiscard]] std::string_view message() const noexcept {
+    return ok() ? std::string_view{} : std::string_view{std::get<1>(state_).message};
+  }
+  [[nodiscard]] std::chrono::nanoseconds retry_after() const noexcept {
+    return ok() ? std::chrono::nanoseconds{0} : std::get<1>(state_).retry_after;
+  }
+
+  // The value. Throws BadOutcomeAccess (carrying the Error) if !ok().
+  [[nodiscard]] T& value() & { check(); return std::get<0>(state_); }
+  [[nodiscard]] const T& value() const& { check(); return std::get<0>(state_); }
+  [[nodiscard]] T&& value() && { check(); return std::get<0>(std::move(state_)); }
+
+  // The error. Precondition: !ok().
+  [[nodiscard]] const Error& error() const& { return std::get<1>(state_); }
+
+ private:
+  void check() const {
+    if (!ok()) throw BadOutcomeAccess(std::get<1>(state_));
+  }
+
+  std::variant<T, Error> state_;
+};
+
+// Cancellation. A caller keeps a CancellationSource and passes source.get_token() with a
+// request (or a TokenStreamer); source.request_stop() cancels. Components observe the
+// token and may register a CancellationCallback to react at once. These are the standard
+// library's stop-token types: no allocation for a default token, thread-safe, lock-free
+// observation.
+using CancellationSource = std::stop_source;
+using CancellationToken = std::stop_token;
+template <class Callback>
+using CancellationCallback = std::stop_callback<Callback>;
+
+}  // namespace tailbatch

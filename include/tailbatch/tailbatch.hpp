@@ -1,0 +1,10 @@
+// tailbatch: the umbrella header. Everything but the CUDA subtree, which CUDA users
+// include on its own as <tailbatch/cuda.hpp>.
+#pragma once
+
+#include <tailbatch/version.hpp>
+#include <tailbatch/clock.hpp>
+#include <tailbatch/outcome.hpp>
+#include <tailbatch/admission.hpp>
+#include <tailbatch/latency_histogram.hpp>
+#include <tailbatch/metrics.hpp>

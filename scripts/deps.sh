@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Makes sure a Debian machine has what tailbatch's build needs. Run as root it installs
+# what is missing with apt-get; otherwise it prints the exact apt-get line and fails.
+set -euo pipefail
+
+packages=(cmake ninja-build g++ clang catch2 libfmt-dev libbenchmark-dev libcli11-dev)
+if [[ "${1:-}" == "--test" ]]; then
+  packages+=(prometheus)  # ships promtool, which checks the Prometheus exposition
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+line="apt-get update && apt-get install -y --no-install-recommends ${missing[*]}"
+if [[ $(id -u) -ne 0 ]]; then
+  echo "tailbatch needs these Debian packages: ${missing[*]}" >&2
+  echo "install them as root, then run this again:" >&2
+  echo "  sudo sh -c '$line'" >&2
+  exit 1
+fi
+echo "installing: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"
