@@ -9,7 +9,6 @@
 #include <chrono>
 #include <concepts>
 #include <optional>
-
 #include <tailbatch/outcome.hpp>
 
 namespace tailbatch {
@@ -23,8 +22,10 @@ template <class A>
 concept AdmissionPolicy = requires(A& a, typename A::Ticket&& ticket, Status status,
                                    std::chrono::nanoseconds latency) {
   typename A::Ticket;
-  { a.try_admit() } noexcept -> std::same_as<std::optional<typename A::Ticket>>;
-  { a.release(std::move(ticket), status, latency) } noexcept;
+  { a.try_admit() }
+  noexcept->std::same_as<std::optional<typename A::Ticket>>;
+  { a.release(std::move(ticket), status, latency) }
+  noexcept;
 };
 
 // Admits every request. Empty: a Pipeline that uses it pays nothing for admission.

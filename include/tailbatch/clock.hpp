@@ -12,7 +12,7 @@
 #include <concepts>
 #include <cstdint>
 #include <memory>
-#include <stdexcept>
+#include <tailbatch/detail/throw.hpp>
 
 namespace tailbatch {
 
@@ -56,7 +56,8 @@ class ManualClock {
 
   // Moves time forward by d. Throws std::invalid_argument if d is negative. Thread-safe.
   void advance(duration d) {
-    if (d < duration::zero()) throw std::invalid_argument("ManualClock::advance: negative duration");
+    if (d < duration::zero())
+      detail::throw_invalid_argument("ManualClock::advance: d must not be negative");
     ticks_->fetch_add(d.count(), std::memory_order_acq_rel);
   }
 

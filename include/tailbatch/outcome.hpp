@@ -12,6 +12,7 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <tailbatch/detail/throw.hpp>
 #include <utility>
 #include <variant>
 
@@ -39,11 +40,16 @@ enum class RejectReason : std::uint8_t {
 // Never allocates. Thread-safe.
 [[nodiscard]] constexpr std::string_view to_string(Status s) noexcept {
   switch (s) {
-    case Status::ok: return "ok";
-    case Status::rejected: return "rejected";
-    case Status::deadline_exceeded: return "deadline_exceeded";
-    case Status::cancelled: return "cancelled";
-    case Status::failed: return "failed";
+    case Status::ok:
+      return "ok";
+    case Status::rejected:
+      return "rejected";
+    case Status::deadline_exceeded:
+      return "deadline_exceeded";
+    case Status::cancelled:
+      return "cancelled";
+    case Status::failed:
+      return "failed";
   }
   return "unknown";
 }
@@ -52,11 +58,16 @@ enum class RejectReason : std::uint8_t {
 // Never allocates. Thread-safe.
 [[nodiscard]] constexpr std::string_view to_string(RejectReason r) noexcept {
   switch (r) {
-    case RejectReason::none: return "none";
-    case RejectReason::queue_full: return "queue_full";
-    case RejectReason::overloaded: return "overloaded";
-    case RejectReason::shutting_down: return "shutting_down";
-    case RejectReason::too_large: return "too_large";
+    case RejectReason::none:
+      return "none";
+    case RejectReason::queue_full:
+      return "queue_full";
+    case RejectReason::overloaded:
+      return "overloaded";
+    case RejectReason::shutting_down:
+      return "shutting_down";
+    case RejectReason::too_large:
+      return "too_large";
   }
   return "unknown";
 }
@@ -89,7 +100,8 @@ template <class T>
 class [[nodiscard]] Outcome {
  public:
   // An ok outcome holding value.
-  Outcome(T value) : state_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit by design
+  Outcome(T value)
+      : state_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit by design
   // A non-ok outcome. error.status must not be Status::ok.
   Outcome(Error error) : state_(std::in_place_index<1>, std::move(error)) {}  // NOLINT
 
@@ -112,16 +124,27 @@ class [[nodiscard]] Outcome {
   }
 
   // The value. Throws BadOutcomeAccess (carrying the Error) if !ok().
-  [[nodiscard]] T& value() & { check(); return std::get<0>(state_); }
-  [[nodiscard]] const T& value() const& { check(); return std::get<0>(state_); }
-  [[nodiscard]] T&& value() && { check(); return std::get<0>(std::move(state_)); }
+  [[nodiscard]] T& value() & {
+    check();
+    return std::get<0>(state_);
+  }
+  [[nodiscard]] const T& value() const& {
+    check();
+    return std::get<0>(state_);
+  }
+  [[nodiscard]] T&& value() && {
+    check();
+    return std::get<0>(std::move(state_));
+  }
 
   // The error. Precondition: !ok().
   [[nodiscard]] const Error& error() const& { return std::get<1>(state_); }
 
  private:
   void check() const {
-    if (!ok()) throw BadOutcomeAccess(std::get<1>(state_));
+    if (!ok())
+      detail::throw_or_abort<BadOutcomeAccess>(
+          "Outcome::value() called on an outcome without a value", std::get<1>(state_));
   }
 
   std::variant<T, Error> state_;
