@@ -1,0 +1,525 @@
+// Batch windows: when a batch closes.
+//
+// A batch policy is a pure decision object. It holds configuration only, and answers one
+// question — "given these queued requests at this time, dispatch a batch now, and how big,
+// or wait until when?" — from the time reading it is handed. It owns no threads, reads no
+// clock and keeps no state between calls, so the same policy object drives a Pipeline on
+// the steady clock, a Pipeline stepped by hand on a ManualClock, and the discrete-event
+// simulator alike.
+//
+// Shipped policies:
+//   FixedWindow     max_batch and max_wait; the window opens at the batch's first request.
+//   PreferredSizes  dispatch at once on a preferred size; pad up, split or send as is after
+//                   max_wait.
+//   TokenBudget     closes when max_len x batch would exceed a padded-token budget; requests
+//                   are bucketed by length; an oversized request is rejected at once.
+//   DeadlineAware   earliest deadline first; closes early when waiting longer would miss
+//                   the tightest deadline, given a per-batch-size cost estimate.
+// A user policy is any type satisfying BatchPolicy (see docs/batch-window.md).
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <tailbatch/detail/throw.hpp>
+
+namespace tailbatch {
+
+// A request's priority. A batch is filled from higher priorities first; a lower priority
+// whose oldest request has waited longer than the Pipeline's starvation limit is served
+// first (so that it is never starved).
+enum class Priority : std::uint8_t { high = 0, normal = 1, low = 2 };
+inline constexpr std::size_t priority_levels = 3;
+
+// A short, stable, lower-case name ("high"). Never allocates. Thread-safe.
+[[nodiscard]] constexpr std::string_view to_string(Priority p) noexcept {
+  switch (p) {
+    case Priority::high: return "high";
+    case Priority::normal: return "normal";
+    case Priority::low: return "low";
+  }
+  return "unknown";
+}
+
+// Why a batch was dispatched; the label of the dispatch-reason counters.
+enum class DispatchReason : std::uint8_t {
+  size,          // the batch reached its size (max_batch, or a preferred size)
+  window,        // the window (max_wait from the batch's first request) expired
+  deadline,      // waiting longer would miss the tightest deadline in the batch
+  token_budget,  // the next request would push max_len x batch over the token budget
+  flush,         // the Pipeline is draining (shutdown) and waits for nothing
+};
+inline constexpr std::size_t dispatch_reason_count = 5;
+
+// A short, stable, lower-case name ("token_budget"). Never allocates. Thread-safe.
+[[nodiscard]] constexpr std::string_view to_string(DispatchReason r) noexcept {
+  switch (r) {
+    case DispatchReason::size: return "size";
+    case DispatchReason::window: return "window";
+    case DispatchReason::deadline: return "deadline";
+    case DispatchReason::token_budget: return "token_budget";
+    case DispatchReason::flush: return "flush";
+  }
+  return "unknown";
+}
+
+// The order in which requests of one priority are considered for a batch.
+enum class QueueOrder : std::uint8_t {
+  fifo,               // arrival order
+  earliest_deadline,  // earliest deadline first; requests without a deadline last, in arrival order
+};
+
+// Every policy reads time as std::chrono::steady_clock time points, which both SteadyClock
+// and ManualClock produce.
+using BatchTime = std::chrono::steady_clock::time_point;
+using BatchDuration = std::chrono::steady_clock::duration;
+
+// One queued request as a policy sees it.
+struct BatchCandidate {
+  BatchTime arrival{};                   // when it was submitted
+  BatchTime deadline = BatchTime::max();  // BatchTime::max(): none
+  std::size_t cost = 1;                   // its length in tokens (TokenBudget); 1 when unused
+  Priority priority = Priority::normal;
+};
+
+// What a policy decides on: the requests that could form the next batch, in the order the
+// batch would take them (higher priority first, then the policy's QueueOrder; a request
+// that is starving comes first), at most max_batch() of them. Requests past their deadline
+// or cancelled are never shown: the Pipeline completes them before asking.
+struct BatchView {
+  std::span<const BatchCandidate> candidates;
+  // How many compatible requests are queued in all (>= candidates.size()).
+  std::size_t queued = 0;
+  BatchTime now{};
+  // True while the Pipeline drains for shutdown: dispatch what fits now, never wait.
+  bool flush = false;
+};
+
+// A policy's answer.
+struct BatchDecision {
+  // Dispatch the first `count` candidates now; 0 means wait.
+  std::size_t count = 0;
+  // The batch size the model is called with, when larger than count: the policy pads the
+  // batch up to this size (PreferredSizes). 0 or count: no padding.
+  std::size_t padded_size = 0;
+  DispatchReason reason = DispatchReason::window;
+  // When count == 0: the decision may change at this time even if nothing else happens.
+  BatchTime decide_again_at = BatchTime::max();
+  // When count == 0: the decision may change once `queued` reaches this many.
+  std::size_t decide_again_at_queued = std::numeric_limits<std::size_t>::max();
+  // When count == 0: the decision may change if a request arrives whose deadline is
+  // earlier than this. BatchTime::min(): deadlines never change it.
+  BatchTime decide_again_if_deadline_before = BatchTime::min();
+
+  // Shorthands for policies. Never allocate. Thread-safe.
+  [[nodiscard]] static constexpr BatchDecision dispatch(std::size_t n, DispatchReason why,
+                                                        std::size_t padded = 0) noexcept {
+    BatchDecision d;
+    d.count = n;
+    d.reason = why;
+    d.padded_size = padded;
+    return d;
+  }
+  [[nodiscard]] static constexpr BatchDecision wait(BatchTime until, std::size_t until_queued,
+                                                    BatchTime deadline_before = BatchTime::min()) noexcept {
+    BatchDecision d;
+    d.decide_again_at = until;
+    d.decide_again_at_queued = until_queued;
+    d.decide_again_if_deadline_before = deadline_before;
+    return d;
+  }
+};
+
+// What a Pipeline (or the simulator) needs of a batch policy.
+//
+//   p.max_batch()  the most requests one batch may hold (>= 1); views hold at most this many
+//                  candidates, and batch buffers are sized by it.
+//   p.order()      how requests of one priority are ordered (QueueOrder).
+//   p.decide(v)    the decision for view v at time v.now. Must be a pure function of v and
+//                  the policy's configuration, noexcept, and must dispatch at least one
+//                  request when v.flush is true and v.candidates is not empty. A dispatch
+//                  count must not exceed v.candidates.size().
+//
+// Optional members, detected by the Pipeline:
+//   p.max_cost()           a request whose cost exceeds this can never be batched: it is
+//                          rejected at submit (Status::rejected, RejectReason::too_large).
+//   p.bucket_count(), p.bucket_of(cost)
+//                          requests are grouped by cost: a batch only holds requests of
+//                          one bucket, and each bucket is decided on separately.
+//   P::uses_cost           a static constexpr bool: true when the policy reads
+//                          BatchCandidate::cost, so the Pipeline needs a cost function.
+//
+// Policies are copied into the Pipeline; every member must be safe to call from several
+// threads at once (they are const and stateless).
+template <class P>
+concept BatchPolicy = std::copy_constructible<P> && requires(const P& p, const BatchView& v) {
+  { p.max_batch() } noexcept -> std::same_as<std::size_t>;
+  { p.order() } noexcept -> std::same_as<QueueOrder>;
+  { p.decide(v) } noexcept -> std::same_as<BatchDecision>;
+};
+
+// A policy that groups requests by cost into buckets (see BatchPolicy).
+template <class P>
+concept BucketedBatchPolicy = BatchPolicy<P> && requires(const P& p, std::size_t cost) {
+  { p.bucket_count() } noexcept -> std::same_as<std::size_t>;
+  { p.bucket_of(cost) } noexcept -> std::same_as<std::size_t>;
+};
+
+// A policy with a largest admissible single-request cost (see BatchPolicy).
+template <class P>
+concept CostLimitedBatchPolicy = BatchPolicy<P> && requires(const P& p) {
+  { p.max_cost() } noexcept -> std::same_as<std::size_t>;
+};
+
+namespace detail {
+
+template <class P>
+constexpr bool policy_uses_cost() noexcept {
+  if constexpr (requires { P::uses_cost; }) {
+    return static_cast<bool>(P::uses_cost);
+  } else {
+    return false;
+  }
+}
+
+// The earliest arrival among the candidates: when the batch's window opened.
+inline BatchTime window_start(std::span<const BatchCandidate> c) noexcept {
+  BatchTime start = BatchTime::max();
+  for (const BatchCandidate& x : c) start = std::min(start, x.arrival);
+  return start;
+}
+
+// t + d without overflowing past BatchTime::max().
+inline BatchTime saturating_add(BatchTime t, BatchDuration d) noexcept {
+  if (d <= BatchDuration::zero()) return t;
+  if (t > BatchTime::max() - d) return BatchTime::max();
+  return t + d;
+}
+
+// t - d without overflowing below BatchTime::min().
+inline BatchTime saturating_sub(BatchTime t, BatchDuration d) noexcept {
+  if (d <= BatchDuration::zero()) return t;
+  if (t < BatchTime::min() + d) return BatchTime::min();
+  return t - d;
+}
+
+inline void require_non_negative(BatchDuration d, const char* what) {
+  if (d < BatchDuration::zero()) throw_invalid_argument(what);
+}
+
+}  // namespace detail
+
+// The classic dynamic-batching window: a batch closes when it holds max_batch requests
+// or when max_wait has passed since its first request arrived, whichever comes first.
+// Start with max_wait around 5 ms for real-time traffic (2-10 ms is the usual range) and
+// max_batch at the size where the model's throughput stops growing.
+//
+// Immutable after construction; thread-safe. The constructor throws std::invalid_argument
+// naming the field; decide() never throws.
+class FixedWindow {
+ public:
+  FixedWindow(std::size_t max_batch, BatchDuration max_wait) : max_batch_(max_batch), max_wait_(max_wait) {
+    if (max_batch < 1) detail::throw_invalid_argument("FixedWindow: max_batch must be >= 1");
+    detail::require_non_negative(max_wait, "FixedWindow: max_wait must be >= 0");
+  }
+
+  // The configured batch size cap. Thread-safe.
+  [[nodiscard]] std::size_t max_batch() const noexcept { return max_batch_; }
+  // The configured window length. Thread-safe.
+  [[nodiscard]] BatchDuration max_wait() const noexcept { return max_wait_; }
+  // Arrival order. Thread-safe.
+  [[nodiscard]] QueueOrder order() const noexcept { return QueueOrder::fifo; }
+
+  // Size trigger first, then the window. Never allocates. Thread-safe.
+  [[nodiscard]] BatchDecision decide(const BatchView& v) const noexcept {
+    const std::size_t n = v.candidates.size();
+    if (n == 0) return BatchDecision::wait(BatchTime::max(), 1);
+    if (n >= max_batch_) return BatchDecision::dispatch(max_batch_, DispatchReason::size);
+    if (v.flush) return BatchDecision::dispatch(n, DispatchReason::flush);
+    const BatchTime expiry = detail::saturating_add(detail::window_start(v.candidates), max_wait_);
+    if (v.now >= expiry) return BatchDecision::dispatch(n, DispatchReason::window);
+    return BatchDecision::wait(expiry, max_batch_);
+  }
+
+ private:
+  std::size_t max_batch_;
+  BatchDuration max_wait_;
+};
+
+// Batch sizes the model runs best at (the sizes a TensorRT profile or a CUDA graph was
+// captured for). A batch dispatches at once when the queue holds exactly one of the sizes,
+// or the largest; otherwise it waits up to max_wait from its first request, and then:
+//
+//   Fill::pad    sends everything queued (up to the largest size), padded up to the
+//                smallest preferred size that holds it;
+//   Fill::split  sends the largest preferred size that the queue fills, and the rest in
+//                the next batches (each again a preferred size; a remainder smaller than
+//                the smallest size is padded up to it);
+//   Fill::exact  sends everything queued as it is (sizes only trigger early dispatch).
+//
+// Padding: the model is called with spans of the padded size. The padding slots hold
+// copies of the batch's last real request and their responses are discarded, so a model
+// captured for fixed shapes only ever sees those shapes. Padding therefore needs a
+// copy-constructible request type (checked when the Pipeline is built).
+//
+// Immutable after construction; thread-safe. The constructor throws std::invalid_argument
+// naming the field; decide() never throws.
+class PreferredSizes {
+ public:
+  enum class Fill : std::uint8_t { pad, split, exact };
+
+  // `sizes` need not be sorted; duplicates are ignored. Allocates.
+  PreferredSizes(std::vector<std::size_t> sizes, BatchDuration max_wait, Fill fill = Fill::pad)
+      : sizes_(std::move(sizes)), max_wait_(max_wait), fill_(fill) {
+    if (sizes_.empty()) detail::throw_invalid_argument("PreferredSizes: sizes must not be empty");
+    std::sort(sizes_.begin(), sizes_.end());
+    sizes_.erase(std::unique(sizes_.begin(), sizes_.end()), sizes_.end());
+    if (sizes_.front() < 1) detail::throw_invalid_argument("PreferredSizes: sizes must be >= 1");
+    detail::require_non_negative(max_wait, "PreferredSizes: max_wait must be >= 0");
+    if (fill != Fill::pad && fill != Fill::split && fill != Fill::exact) {
+      detail::throw_invalid_argument("PreferredSizes: fill must be pad, split or exact");
+    }
+  }
+
+  // The largest preferred size. Thread-safe.
+  [[nodiscard]] std::size_t max_batch() const noexcept { return sizes_.back(); }
+  // The preferred sizes, ascending. Thread-safe.
+  [[nodiscard]] std::span<const std::size_t> sizes() const noexcept { return sizes_; }
+  [[nodiscard]] BatchDuration max_wait() const noexcept { return max_wait_; }
+  [[nodiscard]] Fill fill() const noexcept { return fill_; }
+  // Arrival order. Thread-safe.
+  [[nodiscard]] QueueOrder order() const noexcept { return QueueOrder::fifo; }
+
+  // True when the policy may ask for padding (fill is pad or split). Thread-safe.
+  [[nodiscard]] bool may_pad() const noexcept { return fill_ != Fill::exact; }
+
+  // Never allocates. Thread-safe.
+  [[nodiscard]] BatchDecision decide(const BatchView& v) const noexcept {
+    const std::size_t n = v.candidates.size();
+    if (n == 0) return BatchDecision::wait(BatchTime::max(), 1);
+    if (n >= sizes_.back()) return BatchDecision::dispatch(sizes_.back(), DispatchReason::size);
+    if (std::binary_search(sizes_.begin(), sizes_.end(), n)) {
+      return BatchDecision::dispatch(n, DispatchReason::size);
+    }
+    const BatchTime expiry = detail::saturating_add(detail::window_start(v.candidates), max_wait_);
+    if (v.flush || v.now >= expiry) {
+      const DispatchReason why = v.flush ? DispatchReason::flush : DispatchReason::window;
+      const std::size_t up = *std::lower_bound(sizes_.begin(), sizes_.end(), n);  // n < back()
+      switch (fill_) {
+        case Fill::pad: return BatchDecision::dispatch(n, why, up);
+        case Fill::split: {
+          auto it = std::upper_bound(sizes_.begin(), sizes_.end(), n);
+          if (it == sizes_.begin()) return BatchDecision::dispatch(n, why, up);
+          return BatchDecision::dispatch(*(it - 1), why);
+        }
+        case Fill::exact: return BatchDecision::dispatch(n, why);
+      }
+    }
+    const std::size_t next = *std::upper_bound(sizes_.begin(), sizes_.end(), n);
+    return BatchDecision::wait(expiry, next);
+  }
+
+ private:
+  std::vector<std::size_t> sizes_;
+  BatchDuration max_wait_;
+  Fill fill_;
+};
+
+// A padded-token budget for variable-length requests (text, audio): a batch costs
+// max_len x batch_size tokens, because every row is padded to the longest one. The batch
+// closes when adding the next request would exceed `budget` (reason token_budget), when
+// it holds max_batch requests, or when max_wait has passed since its first request.
+//
+// Requests are bucketed by length so that short ones do not ride with long ones and pay
+// for their padding: each bucket is batched on its own. `bucket_bounds` are ascending
+// inclusive upper bounds of lengths (e.g. {32, 64, 128, 256}); a request longer than the
+// last bound goes into one more bucket above it. Left empty, buckets are powers of two
+// (1, 2, 3-4, 5-8, ...), which keeps padding under half of every batch.
+//
+// A request whose cost alone exceeds the budget can never run: the Pipeline rejects it at
+// submit with RejectReason::too_large and a message naming both numbers, and it never
+// stalls the queue.
+//
+// Needs a cost per request: the Pipeline's `request_cost` function (its length in
+// tokens). Immutable after construction; thread-safe. The constructor throws
+// std::invalid_argument naming the field; decide() never throws.
+class TokenBudget {
+ public:
+  static constexpr bool uses_cost = true;
+
+  struct Config {
+    std::size_t budget = 0;        // padded tokens per batch (max_len x batch_size)
+    std::size_t max_batch = 64;    // most requests per batch, whatever their length
+    BatchDuration max_wait{};      // window from the batch's first request
+    std::vector<std::size_t> bucket_bounds{};  // empty: power-of-two buckets
+  };
+
+  explicit TokenBudget(Config c)
+      : budget_(c.budget), max_batch_(c.max_batch), max_wait_(c.max_wait), bounds_(std::move(c.bucket_bounds)) {
+    if (budget_ < 1) detail::throw_invalid_argument("TokenBudget: budget must be >= 1");
+    if (max_batch_ < 1) detail::throw_invalid_argument("TokenBudget: max_batch must be >= 1");
+    detail::require_non_negative(max_wait_, "TokenBudget: max_wait must be >= 0");
+    for (std::size_t i = 0; i < bounds_.size(); ++i) {
+      if (bounds_[i] < 1 || (i > 0 && bounds_[i] <= bounds_[i - 1])) {
+        detail::throw_invalid_argument("TokenBudget: bucket_bounds must be ascending and >= 1");
+      }
+    }
+    bucket_count_ = bounds_.empty() ? static_cast<std::size_t>(std::bit_width(budget_ - 1)) + 1
+                                    : bounds_.size() + 1;
+  }
+
+  [[nodiscard]] std::size_t budget() const noexcept { return budget_; }
+  [[nodiscard]] std::size_t max_batch() const noexcept { return max_batch_; }
+  [[nodiscard]] BatchDuration max_wait() const noexcept { return max_wait_; }
+  // Arrival order within a bucket. Thread-safe.
+  [[nodiscard]] QueueOrder order() const noexcept { return QueueOrder::fifo; }
+  // The largest single request that fits: the budget. Thread-safe.
+  [[nodiscard]] std::size_t max_cost() const noexcept { return budget_; }
+
+  // The number of buckets. Thread-safe.
+  [[nodiscard]] std::size_t bucket_count() const noexcept { return bucket_count_; }
+  // The bucket of a request of this length, in [0, bucket_count()) for any cost up to
+  // max_cost(). Never allocates. Thread-safe.
+  [[nodiscard]] std::size_t bucket_of(std::size_t cost) const noexcept {
+    if (bounds_.empty()) {
+      if (cost <= 1) return 0;
+      return std::min<std::size_t>(static_cast<std::size_t>(std::bit_width(cost - 1)), bucket_count_ - 1);
+    }
+    return static_cast<std::size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), cost) - bounds_.begin());
+  }
+
+  // The largest prefix of the candidates whose padded cost fits the budget, then the size
+  // and window triggers. Never allocates. Thread-safe.
+  [[nodiscard]] BatchDecision decide(const BatchView& v) const noexcept {
+    const std::size_t n = v.candidates.size();
+    if (n == 0) return BatchDecision::wait(BatchTime::max(), 1);
+    std::size_t fit = 0;
+    std::size_t max_len = 0;
+    for (const BatchCandidate& c : v.candidates) {
+      const std::size_t len = std::max(max_len, c.cost);
+      if (fit + 1 > max_batch_ || (fit + 1) * len > budget_) break;
+      max_len = len;
+      ++fit;
+    }
+    // A first candidate larger than the budget is rejected at submit; should one get
+    // here anyway it runs alone rather than blocking the bucket.
+    if (fit == 0) return BatchDecision::dispatch(1, DispatchReason::token_budget);
+    if (fit == max_batch_) return BatchDecision::dispatch(fit, DispatchReason::size);
+    if (fit < n) return BatchDecision::dispatch(fit, DispatchReason::token_budget);
+    if (v.flush) return BatchDecision::dispatch(fit, DispatchReason::flush);
+    const BatchTime expiry = detail::saturating_add(detail::window_start(v.candidates), max_wait_);
+    if (v.now >= expiry) return BatchDecision::dispatch(fit, DispatchReason::window);
+    // Any arrival in this bucket may fill the budget: look again at the next one.
+    return BatchDecision::wait(expiry, v.queued + 1);
+  }
+
+ private:
+  std::size_t budget_;
+  std::size_t max_batch_;
+  BatchDuration max_wait_;
+  std::vector<std::size_t> bounds_;
+  std::size_t bucket_count_ = 1;
+};
+
+// A linear model of batch cost: base + per_item x (size - 1). The guide's worked example
+// is LinearCost{20ms, 3ms}. Immutable; thread-safe.
+struct LinearCost {
+  BatchDuration base{};
+  BatchDuration per_item{};
+  [[nodiscard]] BatchDuration operator()(std::size_t batch_size) const noexcept {
+    return base + per_item * static_cast<BatchDuration::rep>(batch_size > 0 ? batch_size - 1 : 0);
+  }
+};
+
+// Deadline-aware closing. Requests of one priority are ordered earliest deadline first,
+// and a batch closes as soon as waiting any longer would make it miss the tightest
+// deadline among its requests, given an estimate of how long a batch of each size takes:
+// with n requests, the batch closes at
+//     min(deadline) - cost_estimate(n + 1) - margin
+// (the latest start that would still meet the tightest deadline if one more request
+// joined), or at max_wait after its first request, or at max_batch, whichever is first.
+// Requests without a deadline batch as with FixedWindow.
+//
+// A request already past its deadline is never executed (the Pipeline completes it with
+// Status::deadline_exceeded when the batch is formed); one that cannot be met even alone
+// is still sent at once rather than dropped, since it might yet make it.
+//
+// Immutable after construction; thread-safe if cost_estimate is (it is called from the
+// Pipeline's threads). The constructor throws std::invalid_argument naming the field;
+// decide() never throws (an estimate that throws terminates, as in any noexcept call).
+class DeadlineAware {
+ public:
+  using CostEstimate = std::function<BatchDuration(std::size_t batch_size)>;
+
+  struct Config {
+    std::size_t max_batch = 32;
+    BatchDuration max_wait{};       // window from the batch's first request
+    CostEstimate cost_estimate{};   // model time for a batch of the given size; required
+    BatchDuration margin{};         // extra time kept in hand (dispatch lag, jitter)
+  };
+
+  explicit DeadlineAware(Config c)
+      : max_batch_(c.max_batch), max_wait_(c.max_wait), cost_(std::move(c.cost_estimate)), margin_(c.margin) {
+    if (max_batch_ < 1) detail::throw_invalid_argument("DeadlineAware: max_batch must be >= 1");
+    detail::require_non_negative(max_wait_, "DeadlineAware: max_wait must be >= 0");
+    if (!cost_) detail::throw_invalid_argument("DeadlineAware: cost_estimate must be set");
+    detail::require_non_negative(margin_, "DeadlineAware: margin must be >= 0");
+  }
+
+  [[nodiscard]] std::size_t max_batch() const noexcept { return max_batch_; }
+  [[nodiscard]] BatchDuration max_wait() const noexcept { return max_wait_; }
+  [[nodiscard]] BatchDuration margin() const noexcept { return margin_; }
+  // Earliest deadline first. Thread-safe.
+  [[nodiscard]] QueueOrder order() const noexcept { return QueueOrder::earliest_deadline; }
+
+  // The estimated model time of a batch of `batch_size`, never negative. Thread-safe.
+  [[nodiscard]] BatchDuration estimate(std::size_t batch_size) const noexcept {
+    return std::max(BatchDuration::zero(), cost_(batch_size));
+  }
+
+  // Never allocates (beyond what cost_estimate does). Thread-safe.
+  [[nodiscard]] BatchDecision decide(const BatchView& v) const noexcept {
+    const std::size_t n = v.candidates.size();
+    if (n == 0) return BatchDecision::wait(BatchTime::max(), 1);
+    if (n >= max_batch_) return BatchDecision::dispatch(max_batch_, DispatchReason::size);
+    if (v.flush) return BatchDecision::dispatch(n, DispatchReason::flush);
+    BatchTime tightest = BatchTime::max();
+    for (const BatchCandidate& c : v.candidates) tightest = std::min(tightest, c.deadline);
+    const BatchTime close_at =
+        tightest == BatchTime::max()
+            ? BatchTime::max()
+            : detail::saturating_sub(detail::saturating_sub(tightest, estimate(n + 1)), margin_);
+    if (v.now >= close_at) return BatchDecision::dispatch(n, DispatchReason::deadline);
+    const BatchTime expiry = detail::saturating_add(detail::window_start(v.candidates), max_wait_);
+    if (v.now >= expiry) return BatchDecision::dispatch(n, DispatchReason::window);
+    // A newcomer with a deadline before close_at + cost(max_batch) + margin may bring the
+    // closing time forward: its own latest start is at least deadline - cost(max_batch) - margin.
+    const BatchTime wake = std::min(close_at, expiry);
+    const BatchTime urgent = detail::saturating_add(detail::saturating_add(wake, estimate(max_batch_)), margin_);
+    return BatchDecision::wait(wake, max_batch_, urgent);
+  }
+
+ private:
+  std::size_t max_batch_;
+  BatchDuration max_wait_;
+  CostEstimate cost_;
+  BatchDuration margin_;
+};
+
+static_assert(BatchPolicy<FixedWindow>);
+static_assert(BatchPolicy<PreferredSizes>);
+static_assert(BucketedBatchPolicy<TokenBudget> && CostLimitedBatchPolicy<TokenBudget>);
+static_assert(BatchPolicy<DeadlineAware>);
+
+}  // namespace tailbatch

@@ -1,0 +1,192 @@
+// Lanes: where a formed batch runs.
+//
+// A lane is one place a model call can run: a host worker slot here, a CUDA stream in the
+// StreamPool (tailbatch/cuda/stream_pool.hpp). A Pipeline's worker thread leases a lane
+// for each batch, hands the lane to the user's model as `Lane&`, and returns it when the
+// batch completes. The backend picks the least-loaded lane that is below its per-lane
+// in-flight cap, so that work spreads evenly and no lane is oversubscribed.
+//
+// The backend owns no threads: the Pipeline's workers do the waiting. A backend may be
+// shared by several Pipelines; each lease is independent.
+#pragma once
+
+#include <chrono>
+#include <concepts>
+#include <condition_variable>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <tailbatch/detail/throw.hpp>
+
+namespace tailbatch {
+
+// What a Pipeline needs of an execution-lane backend.
+//
+//   B::Lane            the handle the model receives as `Lane&` (a host index, a stream...).
+//                      Lanes live as long as the backend, at stable addresses.
+//   B::Lease           RAII, move-only: while it lives, one in-flight slot of one lane is
+//                      held. lease.lane() is that lane; lease.index() its index in
+//                      [0, size()). Destroying (or moving from and destroying) the lease
+//                      returns the slot. A lease must not outlive its backend.
+//   b.size()           the number of lanes (>= 1). Never blocks.
+//   b.lane_capacity()  the most leases one lane grants at once (>= 1). Never blocks.
+//   b.try_acquire()    a lease on the least-loaded lane below its cap, or nullopt when every
+//                      lane is at its cap. Never blocks, never throws.
+//   b.acquire_for(d)   as try_acquire, but waits up to d for a slot to free; nullopt on
+//                      timeout. May block; must not throw for a non-negative d.
+//
+// All members must be thread-safe: leases are taken and returned from many threads.
+template <class B>
+concept LaneBackend = requires(B& b, const B& cb, std::chrono::nanoseconds d) {
+  typename B::Lane;
+  typename B::Lease;
+  requires std::movable<typename B::Lease>;
+  requires !std::copy_constructible<typename B::Lease>;
+  { cb.size() } noexcept -> std::same_as<std::size_t>;
+  { cb.lane_capacity() } noexcept -> std::same_as<std::size_t>;
+  { b.try_acquire() } noexcept -> std::same_as<std::optional<typename B::Lease>>;
+  { b.acquire_for(d) } -> std::same_as<std::optional<typename B::Lease>>;
+  requires requires(typename B::Lease& lease) {
+    { lease.lane() } noexcept -> std::same_as<typename B::Lane&>;
+    { lease.index() } noexcept -> std::same_as<std::size_t>;
+  };
+};
+
+// A host lane: nothing but its index. Models that run on the CPU (or manage their own
+// device state per index) receive this. Immutable; thread-safe.
+class HostLane {
+ public:
+  explicit HostLane(std::size_t index) noexcept : index_(index) {}
+  // The lane's index in [0, HostLanes::size()). Thread-safe.
+  [[nodiscard]] std::size_t index() const noexcept { return index_; }
+
+ private:
+  std::size_t index_;
+};
+
+// Host execution lanes: `lanes` lanes, each granting up to `lane_capacity` leases at once.
+//
+// With the default (one lane, capacity one) a Pipeline runs one batch at a time on one
+// worker thread, which suits a model that is itself multi-threaded or not reentrant. A
+// model that is reentrant and single-threaded per call scales with more lanes.
+//
+// Thread-safety: every member is thread-safe. Exceptions: the constructor throws
+// std::invalid_argument for a zero count and std::bad_alloc; nothing else throws.
+class HostLanes {
+ public:
+  using Lane = HostLane;
+
+  class Lease {
+   public:
+    Lease(Lease&& other) noexcept
+        : owner_(std::exchange(other.owner_, nullptr)), index_(other.index_) {}
+    Lease& operator=(Lease&& other) noexcept {
+      if (this != &other) {
+        release();
+        owner_ = std::exchange(other.owner_, nullptr);
+        index_ = other.index_;
+      }
+      return *this;
+    }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { release(); }
+
+    // The leased lane. Precondition: the lease was not moved from. Not thread-safe: one
+    // owner at a time.
+    [[nodiscard]] HostLane& lane() const noexcept { return owner_->lanes_[index_]; }
+    // The leased lane's index. Not thread-safe: one owner at a time.
+    [[nodiscard]] std::size_t index() const noexcept { return index_; }
+
+   private:
+    friend class HostLanes;
+    Lease(HostLanes* owner, std::size_t index) noexcept : owner_(owner), index_(index) {}
+    void release() noexcept {
+      if (owner_ != nullptr) std::exchange(owner_, nullptr)->give_back(index_);
+    }
+
+    HostLanes* owner_;
+    std::size_t index_;
+  };
+
+  // `lanes` lanes of `lane_capacity` slots each. Allocates. Throws std::invalid_argument
+  // ("HostLanes: lanes must be >= 1", "HostLanes: lane_capacity must be >= 1").
+  explicit HostLanes(std::size_t lanes = 1, std::size_t lane_capacity = 1)
+      : capacity_(lane_capacity), in_flight_(lanes, 0) {
+    if (lanes < 1) detail::throw_invalid_argument("HostLanes: lanes must be >= 1");
+    if (lane_capacity < 1) detail::throw_invalid_argument("HostLanes: lane_capacity must be >= 1");
+    lanes_.reserve(lanes);
+    for (std::size_t i = 0; i < lanes; ++i) lanes_.emplace_back(i);
+  }
+
+  HostLanes(const HostLanes&) = delete;
+  HostLanes& operator=(const HostLanes&) = delete;
+
+  // The number of lanes. Thread-safe.
+  [[nodiscard]] std::size_t size() const noexcept { return lanes_.size(); }
+  // The most leases one lane grants at once. Thread-safe.
+  [[nodiscard]] std::size_t lane_capacity() const noexcept { return capacity_; }
+
+  // A lease on the least-loaded lane below its cap (the lowest index among equals), or
+  // nullopt when all are at their cap. Never blocks on a full backend (takes a short
+  // internal lock), never allocates. Thread-safe.
+  [[nodiscard]] std::optional<Lease> try_acquire() noexcept {
+    std::lock_guard lock(mu_);
+    return take_locked();
+  }
+
+  // As try_acquire, but waits up to `timeout` for a slot to free. Blocks. Returns nullopt
+  // on timeout. Thread-safe.
+  [[nodiscard]] std::optional<Lease> acquire_for(std::chrono::nanoseconds timeout) {
+    std::unique_lock lock(mu_);
+    std::optional<Lease> lease = take_locked();
+    if (lease) return lease;
+    freed_.wait_for(lock, timeout, [&] {
+      lease = take_locked();
+      return lease.has_value();
+    });
+    return lease;
+  }
+
+  // Leases held on lane `index` right now; racy by nature. Thread-safe.
+  [[nodiscard]] std::size_t in_flight_approx(std::size_t index) const noexcept {
+    std::lock_guard lock(mu_);
+    return index < in_flight_.size() ? in_flight_[index] : 0;
+  }
+
+ private:
+  std::optional<Lease> take_locked() noexcept {
+    std::size_t best = lanes_.size();
+    for (std::size_t i = 0; i < in_flight_.size(); ++i) {
+      if (in_flight_[i] < capacity_ && (best == lanes_.size() || in_flight_[i] < in_flight_[best])) {
+        best = i;
+      }
+    }
+    if (best == lanes_.size()) return std::nullopt;
+    ++in_flight_[best];
+    return Lease(this, best);
+  }
+
+  void give_back(std::size_t index) noexcept {
+    {
+      std::lock_guard lock(mu_);
+      --in_flight_[index];
+    }
+    freed_.notify_one();
+  }
+
+  std::size_t capacity_;
+  std::vector<HostLane> lanes_;
+  mutable std::mutex mu_;
+  std::condition_variable freed_;
+  std::vector<std::size_t> in_flight_;
+};
+
+static_assert(LaneBackend<HostLanes>);
+
+}  // namespace tailbatch
