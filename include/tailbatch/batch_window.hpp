@@ -75,7 +75,7 @@ inline constexpr std::size_t dispatch_reason_count = 5;
 }
 
 // The order in which requests of one priority are considered for a batch.
-enum class QueueOrder : std::uint8_t {
+enum class BatchOrder : std::uint8_t {
   fifo,               // arrival order
   earliest_deadline,  // earliest deadline first; requests without a deadline last, in arrival order
 };
@@ -94,7 +94,7 @@ struct BatchCandidate {
 };
 
 // What a policy decides on: the requests that could form the next batch, in the order the
-// batch would take them (higher priority first, then the policy's QueueOrder; a request
+// batch would take them (higher priority first, then the policy's BatchOrder; a request
 // that is starving comes first), at most max_batch() of them. Requests past their deadline
 // or cancelled are never shown: the Pipeline completes them before asking.
 struct BatchView {
@@ -145,7 +145,7 @@ struct BatchDecision {
 //
 //   p.max_batch()  the most requests one batch may hold (>= 1); views hold at most this many
 //                  candidates, and batch buffers are sized by it.
-//   p.order()      how requests of one priority are ordered (QueueOrder).
+//   p.order()      how requests of one priority are ordered (BatchOrder).
 //   p.decide(v)    the decision for view v at time v.now. Must be a pure function of v and
 //                  the policy's configuration, noexcept, and must dispatch at least one
 //                  request when v.flush is true and v.candidates is not empty. A dispatch
@@ -165,7 +165,7 @@ struct BatchDecision {
 template <class P>
 concept BatchPolicy = std::copy_constructible<P> && requires(const P& p, const BatchView& v) {
   { p.max_batch() } noexcept -> std::same_as<std::size_t>;
-  { p.order() } noexcept -> std::same_as<QueueOrder>;
+  { p.order() } noexcept -> std::same_as<BatchOrder>;
   { p.decide(v) } noexcept -> std::same_as<BatchDecision>;
 };
 
@@ -239,7 +239,7 @@ class FixedWindow {
   // The configured window length. Thread-safe.
   [[nodiscard]] BatchDuration max_wait() const noexcept { return max_wait_; }
   // Arrival order. Thread-safe.
-  [[nodiscard]] QueueOrder order() const noexcept { return QueueOrder::fifo; }
+  [[nodiscard]] BatchOrder order() const noexcept { return BatchOrder::fifo; }
 
   // Size trigger first, then the window. Never allocates. Thread-safe.
   [[nodiscard]] BatchDecision decide(const BatchView& v) const noexcept {
@@ -299,7 +299,7 @@ class PreferredSizes {
   [[nodiscard]] BatchDuration max_wait() const noexcept { return max_wait_; }
   [[nodiscard]] Fill fill() const noexcept { return fill_; }
   // Arrival order. Thread-safe.
-  [[nodiscard]] QueueOrder order() const noexcept { return QueueOrder::fifo; }
+  [[nodiscard]] BatchOrder order() const noexcept { return BatchOrder::fifo; }
 
   // True when the policy may ask for padding (fill is pad or split). Thread-safe.
   [[nodiscard]] bool may_pad() const noexcept { return fill_ != Fill::exact; }
@@ -383,7 +383,7 @@ class TokenBudget {
   [[nodiscard]] std::size_t max_batch() const noexcept { return max_batch_; }
   [[nodiscard]] BatchDuration max_wait() const noexcept { return max_wait_; }
   // Arrival order within a bucket. Thread-safe.
-  [[nodiscard]] QueueOrder order() const noexcept { return QueueOrder::fifo; }
+  [[nodiscard]] BatchOrder order() const noexcept { return BatchOrder::fifo; }
   // The largest single request that fits: the budget. Thread-safe.
   [[nodiscard]] std::size_t max_cost() const noexcept { return budget_; }
 
@@ -481,7 +481,7 @@ class DeadlineAware {
   [[nodiscard]] BatchDuration max_wait() const noexcept { return max_wait_; }
   [[nodiscard]] BatchDuration margin() const noexcept { return margin_; }
   // Earliest deadline first. Thread-safe.
-  [[nodiscard]] QueueOrder order() const noexcept { return QueueOrder::earliest_deadline; }
+  [[nodiscard]] BatchOrder order() const noexcept { return BatchOrder::earliest_deadline; }
 
   // The estimated model time of a batch of `batch_size`, never negative. Thread-safe.
   [[nodiscard]] BatchDuration estimate(std::size_t batch_size) const noexcept {
