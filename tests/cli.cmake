@@ -1,0 +1,72 @@
+# ctests that run the command-line tools (tailbatch-plan, tailbatch-load) as a user would:
+# a good run, the --json contract fields, and bad arguments (a clear message and a non-zero
+# exit). The tools are examples, so these exist only when examples are built.
+if(NOT TAILBATCH_BUILD_EXAMPLES)
+  return()
+endif()
+
+# tailbatch_cli_test(NAME tool RC rc ARGS a b c EXPECT re re [FORBID re])
+function(tailbatch_cli_test name tool)
+  cmake_parse_arguments(T "" "RC" "ARGS;EXPECT;FORBID" ${ARGN})
+  list(JOIN T_ARGS "@@" _args)
+  list(JOIN T_EXPECT "@@" _expect)
+  set(_cmd "$<TARGET_FILE:${tool}>")
+  if(_args)
+    set(_cmd "${_cmd}@@${_args}")
+  endif()
+  set(_defs -DCOMMAND=${_cmd} -DEXPECT_RC=${T_RC} -DEXPECT=${_expect}
+            -DWORKDIR=${CMAKE_CURRENT_BINARY_DIR}/cli_${name})
+  if(T_FORBID)
+    list(JOIN T_FORBID "@@" _forbid)
+    list(APPEND _defs -DFORBID=${_forbid})
+  endif()
+  add_test(NAME cli_${name} COMMAND ${CMAKE_COMMAND} ${_defs} -P ${CMAKE_CURRENT_SOURCE_DIR}/cli/expect.cmake)
+  set_tests_properties(cli_${name} PROPERTIES LABELS cli TIMEOUT 120)
+endfunction()
+
+# ---- tailbatch-plan ----------------------------------------------------------------------
+set(_example1 --base-ms 20 --per-item-ms 3 --network-ms 5 --window-ms 8 --streams 2 --slo-p95-ms 150)
+
+tailbatch_cli_test(plan_example1 tailbatch-plan RC 0
+  ARGS ${_example1} --preferred 8,16
+  EXPECT "recommended [(][*][)]: batch 16, estimated p95 93.6 ms, 410.3 rps"
+         "[*] +16 +65.0 +78.0 +93.6 +205.1 +410.3"
+         " 8 +41.0 +54.0 +64.8 +148.1 +296.3")
+
+tailbatch_cli_test(plan_json_contract tailbatch-plan RC 0
+  ARGS ${_example1} --target-rps 600 --json
+  EXPECT "\"recommended\": {\"batch_size\": 31,"
+         "\"recommended\": {[^}]*\"p95_ms\": [0-9.]+"
+         "\"recommended\": {[^}]*\"instance_rps\": [0-9.]+"
+         "\"recommended\": {[^}]*\"replicas\": [0-9]+"
+         "\"recommended\": {[^}]*\"replicas_with_headroom\": [0-9]+"
+         "\"candidates\": [^{]*{\"batch_size\": 1,"
+         "{\"batch_size\": 16, [^}]*\"p95_ms\": 93.6, [^}]*\"instance_rps\": 410.256, \"replicas\": 2, \"replicas_with_headroom\": 2,")
+
+tailbatch_cli_test(plan_profile_table tailbatch-plan RC 0
+  ARGS --profile 1:20,8:41,16:65 --network-ms 5 --window-ms 8 --streams 2 --slo-p95-ms 150
+  EXPECT "recommended [(][*][)]: batch 16")
+
+tailbatch_cli_test(plan_exercise tailbatch-plan RC 0
+  ARGS --base-ms 18 --per-item-ms 2.5 --network-ms 4 --window-ms 6 --streams 2 --tail 1.2
+       --slo-p95-ms 150 --target-rps 600 --preferred 8,16,32
+  EXPECT "recommended [(][*][)]: batch 32, estimated p95 126.6 ms, 606.6 rps per instance, 1 replica [(]2 with headroom[)]"
+         "Batch 16 needs the same 2 replicas")
+
+tailbatch_cli_test(plan_instance_json tailbatch-plan RC 0
+  ARGS --instance-rps 350 --p95-ms 120 --target-rps 2000 --headroom 0.3 --json
+  EXPECT "\"mode\": \"instance\""
+         "\"recommended\": {[^}]*\"replicas\": 6, \"replicas_with_headroom\": 8, \"concurrency\": 42, \"max_in_flight\": 50}")
+
+tailbatch_cli_test(plan_bad_number tailbatch-plan RC nonzero
+  ARGS --base-ms fast EXPECT "--base-ms")
+tailbatch_cli_test(plan_no_profile tailbatch-plan RC nonzero
+  ARGS --network-ms 5 EXPECT "give a latency profile")
+tailbatch_cli_test(plan_bad_profile tailbatch-plan RC nonzero
+  ARGS --profile 1:20,8 EXPECT "cannot read \"8\"")
+tailbatch_cli_test(plan_bad_streams tailbatch-plan RC nonzero
+  ARGS --base-ms 20 --streams 0 EXPECT "streams must be >= 1")
+tailbatch_cli_test(plan_conflicting_modes tailbatch-plan RC nonzero
+  ARGS --instance-rps 350 --p95-ms 120 --base-ms 20 --target-rps 10 EXPECT "excludes")
+tailbatch_cli_test(plan_slo_unreachable tailbatch-plan RC 3
+  ARGS --base-ms 20 --slo-p95-ms 10 EXPECT "no candidate meets the SLO")
