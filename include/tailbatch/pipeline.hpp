@@ -1,0 +1,1302 @@
+// The Pipeline: the request path users embed around their own model call.
+//
+//   submit(req, {deadline, priority, cancel})
+//     -> admission (AdmissionPolicy: AdmitAll, ConcurrencyLimiter)
+//     -> bounded queue (three priority lanes; EDF or arrival order; length buckets)
+//     -> batch policy decides "close now?" (FixedWindow, PreferredSizes, TokenBudget,
+//        DeadlineAware, or your own BatchPolicy)
+//     -> a lane is leased (HostLanes, or the CUDA StreamPool)
+//     -> model(span<const Req>, span<Resp>, Lane&)
+//     -> each request's completion (future or callback), timed into the metrics.
+//
+// Every submitted request completes exactly once: ok, rejected (queue_full with a
+// retry-after hint, overloaded, shutting_down, too_large), deadline_exceeded (never
+// executed late), cancelled, or failed (the model threw; the worker lives on).
+//
+// Threads. With SteadyClock the Pipeline owns its worker threads (by default one per lane
+// slot) and nothing else starts any: the workers take turns leading batch formation (the
+// leader waits on a condition variable until the policy closes a batch), then run the
+// batch they formed on the lane they leased and deliver its completions. With any other
+// clock (ManualClock), or with workers = 0, the Pipeline starts no thread at all: the
+// caller steps it with poll(), which forms and runs every batch due at the clock's current
+// time in the calling thread. See docs/pipeline.md.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <concepts>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <future>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <tailbatch/admission.hpp>
+#include <tailbatch/batch_window.hpp>
+#include <tailbatch/clock.hpp>
+#include <tailbatch/detail/pipeline_completion.hpp>
+#include <tailbatch/detail/queue_staging.hpp>
+#include <tailbatch/detail/throw.hpp>
+#include <tailbatch/lanes.hpp>
+#include <tailbatch/metrics.hpp>
+#include <tailbatch/outcome.hpp>
+
+namespace tailbatch {
+
+// Per-request options of Pipeline::submit.
+struct SubmitOptions {
+  // The latest time the request may start executing; past it the request completes with
+  // Status::deadline_exceeded instead. BatchTime::max(): none.
+  BatchTime deadline = BatchTime::max();
+  // When positive, the deadline is also at most the Pipeline clock's now() + timeout.
+  std::chrono::nanoseconds timeout{0};
+  Priority priority = Priority::normal;
+  // Stopping its source cancels the request: a queued request is removed and completes
+  // with Status::cancelled; an executing one has its result discarded.
+  CancellationToken cancel{};
+};
+
+// Pipeline configuration. Bad values make the Pipeline constructor throw
+// std::invalid_argument naming the field ("Pipeline: queue_capacity must be >= 1").
+template <class Req>
+struct PipelineConfig {
+  // The most requests waiting at once (not yet in a batch). A submit beyond it completes
+  // at once with rejected/queue_full and a retry-after hint.
+  std::size_t queue_capacity = 4096;
+  // Worker threads. Unset: one per lane slot (lanes.size() x lanes.lane_capacity()) with
+  // SteadyClock, 0 with any other clock. 0: no threads, the caller drives poll(). Must
+  // be 0 with a clock other than SteadyClock.
+  std::optional<std::size_t> workers{};
+  // On shutdown, queued requests are still run for at most this long; what is left then
+  // completes with rejected/shutting_down.
+  std::chrono::nanoseconds drain_timeout = std::chrono::seconds(5);
+  // A lower priority whose next request has waited this long is served before higher
+  // ones, so that it is never starved.
+  std::chrono::nanoseconds starvation_limit = std::chrono::milliseconds(50);
+  // A request's cost (its length in tokens); required by policies that read it
+  // (TokenBudget), unused otherwise. Called once per submit; must be thread-safe.
+  std::function<std::size_t(const Req&)> request_cost{};
+  // When the admission policy reports a limit (max_limit() or limit()) below
+  // max_batch x lanes, the Pipeline could never fill a batch on every lane: the
+  // constructor throws unless this is false.
+  bool check_admission_limit = true;
+  // Metrics (tailbatch_pipeline_*), registered at construction with these labels added
+  // to each. nullptr: none, at no cost.
+  MetricsRegistry* metrics = nullptr;
+  Labels metric_labels{};
+};
+
+// Counts since construction. Exact once shutdown() has returned; while the Pipeline runs
+// a snapshot in which the counters may disagree by requests in transit.
+struct PipelineStats {
+  std::uint64_t submitted = 0;
+  std::array<std::uint64_t, 5> by_status{};          // indexed by Status
+  std::array<std::uint64_t, 5> rejected_by_reason{};  // indexed by RejectReason
+  std::array<std::uint64_t, dispatch_reason_count> batches_by_reason{};  // indexed by DispatchReason
+  std::uint64_t batched_requests = 0;      // requests executed in batches (without padding)
+  std::uint64_t callback_exceptions = 0;   // completion callbacks that threw
+  std::size_t queued = 0;
+  std::size_t in_flight = 0;
+
+  [[nodiscard]] std::uint64_t count(Status s) const noexcept { return by_status[static_cast<std::size_t>(s)]; }
+  [[nodiscard]] std::uint64_t count(RejectReason r) const noexcept {
+    return rejected_by_reason[static_cast<std::size_t>(r)];
+  }
+  [[nodiscard]] std::uint64_t count(DispatchReason r) const noexcept {
+    return batches_by_reason[static_cast<std::size_t>(r)];
+  }
+  [[nodiscard]] std::uint64_t completed() const noexcept {
+    std::uint64_t n = 0;
+    for (auto c : by_status) n += c;
+    return n;
+  }
+  [[nodiscard]] std::uint64_t batches() const noexcept {
+    std::uint64_t n = 0;
+    for (auto c : batches_by_reason) n += c;
+    return n;
+  }
+};
+
+// What one poll() did.
+struct PollResult {
+  std::size_t batches = 0;                 // batches formed and run by this call
+  BatchTime next_due = BatchTime::max();   // when a batch may next be due without new arrivals
+};
+
+namespace detail {
+
+// Registered on a request's cancellation token: marks it and wakes the batch leader.
+struct CancelHook {
+  struct Fire {
+    CancelHook* self;
+    void operator()() const noexcept {
+      self->fired.store(true, std::memory_order_release);
+      self->notify(self->owner);
+    }
+  };
+  CancelHook(void (*n)(void*) noexcept, void* o) noexcept : notify(n), owner(o) {}
+  std::atomic<bool> fired{false};
+  void (*notify)(void*) noexcept;
+  void* owner;
+  std::optional<std::stop_callback<Fire>> callback;  // last: unregistered first
+};
+
+template <class C>
+inline constexpr bool is_real_time_clock = std::is_same_v<C, SteadyClock>;
+
+// The admission policy's limit, when it has an observer for one.
+template <class A>
+std::optional<std::uint64_t> admission_limit(const A& a) noexcept {
+  if constexpr (requires { { a.max_limit() } -> std::convertible_to<std::uint64_t>; }) {
+    return static_cast<std::uint64_t>(a.max_limit());
+  } else if constexpr (requires { { a.limit() } -> std::convertible_to<std::uint64_t>; }) {
+    return static_cast<std::uint64_t>(a.limit());
+  } else {
+    return std::nullopt;
+  }
+}
+
+}  // namespace detail
+
+// A dynamic batcher around a model call.
+//
+//   Req, Resp   the request and response types; Req move-constructible, Resp
+//               default-constructible and movable (the model fills a span of them).
+//   Policy      when a batch closes (BatchPolicy).
+//   Lanes       where batches run (LaneBackend): HostLanes, or the CUDA StreamPool.
+//   Admission   who is let in (AdmissionPolicy): AdmitAll, or a ConcurrencyLimiter.
+//   C           the clock: SteadyClock (threads), ManualClock (stepped by poll()).
+//
+// The model is called as model(span<const Req> requests, span<Resp> responses, Lane&),
+// responses pre-filled with Resp{}, one batch at a time per lane slot; it must write
+// responses[i] for requests[i]. If it throws, every request of the batch completes with
+// Status::failed and the exception's what(); the worker carries on.
+//
+// Thread-safety: submit(), stats(), queued_approx(), in_flight_approx() and shutdown()
+// may be called from any thread at once. poll() may be called from several threads (the
+// calls take turns). The model and the completion callbacks must not call shutdown(),
+// poll() or the destructor of their own Pipeline.
+//
+// Exceptions: the constructor throws std::invalid_argument naming a bad field,
+// std::bad_alloc and std::system_error (a thread could not start). submit() with a
+// callback never throws; submit() returning a future throws only std::bad_alloc (for the
+// future's shared state). Nothing a model or callback throws leaves the Pipeline.
+template <class Req, class Resp, BatchPolicy Policy = FixedWindow, LaneBackend Lanes = HostLanes,
+          AdmissionPolicy Admission = AdmitAll, Clock C = SteadyClock>
+  requires std::move_constructible<Req> && std::default_initializable<Resp> && std::movable<Resp>
+class Pipeline {
+ public:
+  using Request = Req;
+  using Response = Resp;
+  using Lane = typename Lanes::Lane;
+  using Model = std::function<void(std::span<const Req>, std::span<Resp>, Lane&)>;
+  using Config = PipelineConfig<Req>;
+  using time_point = typename C::time_point;
+
+  // A Pipeline that owns default-constructed lanes (HostLanes: one lane, one slot) and a
+  // default-constructed admission policy. Starts the workers (see Config::workers).
+  Pipeline(Model model, Policy policy, Config config = {}, C clock = C{})
+    requires std::default_initializable<Lanes> && std::default_initializable<Admission>
+      : Pipeline(std::move(model), std::move(policy), std::move(config), std::make_unique<Lanes>(), nullptr,
+                 std::make_unique<Admission>(), nullptr, std::move(clock)) {}
+
+  // A Pipeline running on the caller's lanes (which must outlive it) with a
+  // default-constructed admission policy.
+  Pipeline(Model model, Policy policy, Config config, Lanes& lanes, C clock = C{})
+    requires std::default_initializable<Admission>
+      : Pipeline(std::move(model), std::move(policy), std::move(config), nullptr, &lanes,
+                 std::make_unique<Admission>(), nullptr, std::move(clock)) {}
+
+  // A Pipeline running on the caller's lanes behind the caller's admission policy (a
+  // ConcurrencyLimiter); both must outlive it.
+  Pipeline(Model model, Policy policy, Config config, Lanes& lanes, Admission& admission, C clock = C{})
+      : Pipeline(std::move(model), std::move(policy), std::move(config), nullptr, &lanes, nullptr, &admission,
+                 std::move(clock)) {}
+
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  // Shuts down (see shutdown()): never leaves a request without its completion. Blocks
+  // for at most the drain timeout plus the model calls in progress.
+  ~Pipeline() { shutdown(); }
+
+  // Queues req; `on_complete(Outcome<Resp>&&)` is called exactly once with its outcome.
+  //
+  // Where the callback runs: in this thread, before submit returns, when the request is
+  // turned away at once (rejected, cancelled or deadline already passed); otherwise on a
+  // worker thread (or in poll()'s caller). It should be quick and should not throw: an
+  // exception it throws is caught, counted (stats().callback_exceptions, metric
+  // tailbatch_pipeline_callback_exceptions_total) and dropped, and affects nothing else.
+  // A callable of up to 48 bytes that is nothrow-movable is stored without allocating;
+  // a larger one is allocated once. A cancellable token allocates a small record.
+  // Never blocks beyond a short internal lock; never throws. Thread-safe.
+  template <class F>
+    requires std::is_invocable_v<std::decay_t<F>&, Outcome<Resp>&&>
+  void submit(Req req, SubmitOptions options, F&& on_complete) noexcept {
+    detail::Completion<Resp> done;
+#if TAILBATCH_HAS_EXCEPTIONS
+    try {
+      done = detail::Completion<Resp>(std::forward<F>(on_complete));
+    } catch (...) {
+      // Only allocation can fail here, before the callable was touched.
+      count_inline(Status::failed, RejectReason::none);
+      invoke_user(on_complete, Outcome<Resp>(Error{Status::failed, RejectReason::none,
+                                                   "tailbatch: out of memory queueing the request", {}}));
+      return;
+    }
+#else
+    done = detail::Completion<Resp>(std::forward<F>(on_complete));
+#endif
+    enqueue(std::move(req), options, std::move(done));
+  }
+
+  // As above, with default options. Never throws. Thread-safe.
+  template <class F>
+    requires std::is_invocable_v<std::decay_t<F>&, Outcome<Resp>&&>
+  void submit(Req req, F&& on_complete) noexcept {
+    submit(std::move(req), SubmitOptions{}, std::forward<F>(on_complete));
+  }
+
+  // Queues req and returns a future of its outcome, which is always fulfilled (never a
+  // broken promise). Allocates the future's shared state; throws std::bad_alloc only.
+  // Thread-safe.
+  [[nodiscard]] std::future<Outcome<Resp>> submit(Req req, SubmitOptions options = {}) {
+    std::promise<Outcome<Resp>> promise;
+    std::future<Outcome<Resp>> future = promise.get_future();
+    detail::Completion<Resp> done(
+        [p = std::move(promise)](Outcome<Resp>&& o) mutable { p.set_value(std::move(o)); });
+    enqueue(std::move(req), options, std::move(done));
+    return future;
+  }
+
+  // Manual stepping (no worker threads): forms and runs, in this thread, every batch
+  // that is due at the clock's now(), and says when the next may be due. Returns at once
+  // with nothing done in a Pipeline that has worker threads. Blocks while the model runs;
+  // the model and the completions run in this thread. Thread-safe (calls take turns).
+  PollResult poll() {
+    PollResult result;
+    if (threaded_) return result;
+    for (;;) {
+      std::optional<typename Lanes::Lease> lease = lanes_->try_acquire();
+      std::unique_lock lead(lead_mu_);
+      if (!lease) {
+        result.next_due = clock_.now();
+        return result;
+      }
+      BatchTime next_due = BatchTime::max();
+      const Lead r = lead_step(manual_batch_, false, next_due);
+      if (r != Lead::formed) {
+        result.next_due = next_due;
+        return result;
+      }
+      run_batch(manual_batch_, lease->lane());
+      ++result.batches;
+    }
+  }
+
+  // Stops accepting (new submits complete with rejected/shutting_down), keeps forming
+  // batches without waiting for windows until the queue is empty or drain_timeout has
+  // passed, completes whatever is left with rejected/shutting_down, and stops the workers.
+  // Blocks until then: at most drain_timeout plus the model calls in progress (a model
+  // call is never interrupted). With no worker threads the drain runs in this thread.
+  // Idempotent; a second caller waits for the first to finish. Thread-safe.
+  void shutdown() noexcept {
+    std::lock_guard once(shutdown_mu_);
+    if (shut_down_) return;
+    {
+      std::lock_guard lock(mu_);
+      closing_.store(true, std::memory_order_relaxed);
+      drain_deadline_ = detail::saturating_add(clock_.now(), config_.drain_timeout);
+    }
+    work_cv_.notify_all();
+    if (threaded_) {
+      for (std::thread& t : workers_) {
+        if (t.joinable()) t.join();
+      }
+    } else {
+      drain_in_caller();
+    }
+    shut_down_ = true;
+  }
+
+  // Requests waiting in the queue (not yet in a batch). Racy by nature. Thread-safe.
+  [[nodiscard]] std::size_t queued_approx() const noexcept { return queued_mirror_.load(std::memory_order_relaxed); }
+  // Requests in batches being executed or completed right now. Racy. Thread-safe.
+  [[nodiscard]] std::size_t in_flight_approx() const noexcept { return in_flight_.load(std::memory_order_relaxed); }
+  // The recent rate at which batches take requests off the queue, per second (0 until
+  // measured). Racy. Thread-safe.
+  [[nodiscard]] double drain_rate_approx() const noexcept { return drain_rate_.load(std::memory_order_relaxed); }
+
+  // Counts since construction (see PipelineStats). Takes a short lock. Thread-safe.
+  [[nodiscard]] PipelineStats stats() const {
+    PipelineStats s;
+    {
+      std::lock_guard lock(mu_);
+      s.submitted = accepted_;
+      s.queued = queued_;
+    }
+    s.submitted += inline_submitted_.load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < s.by_status.size(); ++i) s.by_status[i] = by_status_[i].load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < s.rejected_by_reason.size(); ++i) {
+      s.rejected_by_reason[i] = rejected_by_reason_[i].load(std::memory_order_relaxed);
+    }
+    for (std::size_t i = 0; i < s.batches_by_reason.size(); ++i) {
+      s.batches_by_reason[i] = dispatched_[i].load(std::memory_order_relaxed);
+    }
+    s.batched_requests = batched_requests_.load(std::memory_order_relaxed);
+    s.callback_exceptions = callback_exceptions_.load(std::memory_order_relaxed);
+    s.in_flight = in_flight_.load(std::memory_order_relaxed);
+    return s;
+  }
+
+  // The policy, lanes, admission policy and clock in use. Thread-safe.
+  [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
+  [[nodiscard]] Lanes& lanes() noexcept { return *lanes_; }
+  [[nodiscard]] Admission& admission() noexcept { return *admission_; }
+  [[nodiscard]] const C& clock() const noexcept { return clock_; }
+  // The number of worker threads (0: stepped by poll()). Thread-safe.
+  [[nodiscard]] std::size_t worker_count() const noexcept { return workers_.size(); }
+
+ private:
+  using Ticket = typename Admission::Ticket;
+  using Hook = detail::CancelHook;
+
+  struct Meta {
+    detail::Completion<Resp> done;
+    BatchTime arrival;
+    std::unique_ptr<Hook> cancel;
+    Ticket ticket;
+  };
+
+  struct Entry {
+    Req req;
+    Meta meta;
+    BatchTime deadline;
+    std::uint64_t seq;
+    std::size_t cost;
+    std::uint32_t bucket;
+    Priority priority;
+  };
+
+  struct Batch {
+    std::vector<Req> reqs;
+    std::vector<Resp> resps;
+    std::vector<Meta> metas;
+    std::size_t padded = 0;
+    DispatchReason reason = DispatchReason::window;
+    BatchTime opened{};  // the first request's arrival
+    BatchTime formed{};
+  };
+
+  enum class Lead : std::uint8_t { formed, idle, finished };
+
+  struct Metrics {
+    std::array<LatencyHistogram*, 4> hist{};  // queue wait, formation, model, end to end
+    std::array<Counter*, dispatch_reason_count> dispatch{};
+    std::vector<Counter*> by_size;  // index: bit_width(size - 1)
+    Counter* batched = nullptr;
+    std::array<Counter*, 8> outcomes{};
+    Counter* callback_exceptions = nullptr;
+    std::vector<CallbackRegistration> gauges;
+  };
+  enum Hist : std::size_t { queue_wait = 0, formation = 1, model_time = 2, end_to_end = 3 };
+
+  using Staged = detail::StagedQueue<Entry>;
+  using Pick = std::pair<std::uint32_t, std::size_t>;  // (sub-queue, key position)
+
+  struct View {
+    std::vector<BatchCandidate> candidates;
+    std::vector<Pick> picks;
+  };
+
+  Pipeline(Model model, Policy policy, Config config, std::unique_ptr<Lanes> own_lanes, Lanes* lanes,
+           std::unique_ptr<Admission> own_admission, Admission* admission, C clock)
+      : model_(std::move(model)),
+        policy_(std::move(policy)),
+        config_(std::move(config)),
+        clock_(std::move(clock)),
+        owned_lanes_(std::move(own_lanes)),
+        lanes_(owned_lanes_ ? owned_lanes_.get() : lanes),
+        owned_admission_(std::move(own_admission)),
+        admission_(owned_admission_ ? owned_admission_.get() : admission),
+        max_batch_(policy_.max_batch()),
+        staged_(priority_levels, bucket_count(policy_), policy_.order()) {
+    validate();
+    views_.resize(staged_.buckets());
+    for (View& v : views_) {
+      v.candidates.reserve(max_batch_);
+      v.picks.reserve(max_batch_);
+    }
+    reserve(manual_batch_);
+    if (config_.metrics != nullptr) register_metrics(*config_.metrics);
+    last_rate_sample_ = clock_.now();
+    std::size_t n = 0;
+    if constexpr (detail::is_real_time_clock<C>) {
+      n = config_.workers.value_or(lanes_->size() * lanes_->lane_capacity());
+    }
+    threaded_ = n > 0;
+    workers_.reserve(n);
+#if TAILBATCH_HAS_EXCEPTIONS
+    try {
+      for (std::size_t i = 0; i < n; ++i) workers_.emplace_back([this] { worker_main(); });
+    } catch (...) {
+      shutdown();
+      throw;
+    }
+#else
+    for (std::size_t i = 0; i < n; ++i) workers_.emplace_back([this] { worker_main(); });
+#endif
+  }
+
+  static std::size_t bucket_count(const Policy& p) noexcept {
+    if constexpr (BucketedBatchPolicy<Policy>) {
+      return std::max<std::size_t>(1, p.bucket_count());
+    } else {
+      return 1;
+    }
+  }
+
+  void validate() {
+    if (!model_) detail::throw_invalid_argument("Pipeline: model must be set");
+    if (lanes_ == nullptr) detail::throw_invalid_argument("Pipeline: lanes must be set");
+    if (admission_ == nullptr) detail::throw_invalid_argument("Pipeline: admission must be set");
+    if (max_batch_ < 1) detail::throw_invalid_argument("Pipeline: policy max_batch must be >= 1");
+    if (config_.queue_capacity < 1) detail::throw_invalid_argument("Pipeline: queue_capacity must be >= 1");
+    if (config_.drain_timeout < std::chrono::nanoseconds::zero()) {
+      detail::throw_invalid_argument("Pipeline: drain_timeout must be >= 0");
+    }
+    if (config_.starvation_limit <= std::chrono::nanoseconds::zero()) {
+      detail::throw_invalid_argument("Pipeline: starvation_limit must be > 0");
+    }
+    if (lanes_->size() < 1) detail::throw_invalid_argument("Pipeline: lanes must have size() >= 1");
+    if (lanes_->lane_capacity() < 1) detail::throw_invalid_argument("Pipeline: lanes must have lane_capacity() >= 1");
+    if constexpr (!detail::is_real_time_clock<C>) {
+      if (config_.workers.value_or(0) != 0) {
+        detail::throw_invalid_argument("Pipeline: workers must be 0 with a clock other than SteadyClock");
+      }
+    }
+    if constexpr (detail::policy_uses_cost<Policy>()) {
+      if (!config_.request_cost) {
+        detail::throw_invalid_argument("Pipeline: request_cost must be set for a policy that reads request cost");
+      }
+    }
+    if constexpr (requires { { policy_.may_pad() } -> std::convertible_to<bool>; }) {
+      if (!std::copy_constructible<Req> && policy_.may_pad()) {
+        detail::throw_invalid_argument(
+            "Pipeline: a padding policy needs a copy-constructible request type (or Fill::exact)");
+      }
+    }
+    if (config_.check_admission_limit) {
+      if (const auto limit = detail::admission_limit(*admission_)) {
+        const std::uint64_t need = static_cast<std::uint64_t>(max_batch_) * lanes_->size();
+        if (*limit < need) {
+          detail::throw_invalid_argument(
+              "Pipeline: the admission limit is below max_batch x lanes, so batches could never fill every "
+              "lane; raise the limit, lower max_batch, or set check_admission_limit = false");
+        }
+      }
+    }
+  }
+
+  void reserve(Batch& b) {
+    b.reqs.reserve(max_batch_);
+    b.resps.reserve(max_batch_);
+    b.metas.reserve(max_batch_);
+  }
+
+  // ---- submit side -------------------------------------------------------------------
+
+  void enqueue(Req&& req, const SubmitOptions& options, detail::Completion<Resp>&& done) noexcept {
+    const BatchTime now = clock_.now();
+    BatchTime deadline = options.deadline;
+    if (options.timeout > std::chrono::nanoseconds::zero()) {
+      deadline = std::min(deadline, detail::saturating_add(now, options.timeout));
+    }
+    if (closing_.load(std::memory_order_relaxed)) {
+      return reject_inline(done, RejectReason::shutting_down, "tailbatch: the pipeline is shutting down");
+    }
+    if (options.cancel.stop_requested()) {
+      return complete_inline(done, Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}});
+    }
+    if (now > deadline) {
+      return complete_inline(done, Error{Status::deadline_exceeded, RejectReason::none,
+                                         "tailbatch: the deadline passed before the request was queued", {}});
+    }
+    const std::size_t level = static_cast<std::size_t>(options.priority);
+    if (level >= priority_levels) {
+      return complete_inline(done, Error{Status::failed, RejectReason::none, "tailbatch: invalid priority", {}});
+    }
+    std::size_t cost = 1;
+    std::size_t bucket = 0;
+#if TAILBATCH_HAS_EXCEPTIONS
+    try {
+#endif
+      if constexpr (detail::policy_uses_cost<Policy>()) cost = config_.request_cost(req);
+      if constexpr (CostLimitedBatchPolicy<Policy>) {
+        if (cost > policy_.max_cost()) {
+          return reject_inline(done, RejectReason::too_large,
+                               "tailbatch: the request's cost " + std::to_string(cost) +
+                                   " exceeds the batch policy's limit of " + std::to_string(policy_.max_cost()) +
+                                   " per batch: it can never run");
+        }
+      }
+#if TAILBATCH_HAS_EXCEPTIONS
+    } catch (const std::exception& e) {
+      return complete_inline(done, Error{Status::failed, RejectReason::none,
+                                         std::string("tailbatch: request_cost threw: ") + e.what(), {}});
+    } catch (...) {
+      return complete_inline(done, Error{Status::failed, RejectReason::none, "tailbatch: request_cost threw", {}});
+    }
+#endif
+    if constexpr (BucketedBatchPolicy<Policy>) {
+      bucket = std::min(policy_.bucket_of(cost), staged_.buckets() - 1);
+    }
+
+    std::optional<Ticket> ticket = admission_->try_admit();
+    if (!ticket) {
+      return reject_inline(done, RejectReason::overloaded, "tailbatch: the admission policy refused the request",
+                           retry_after_hint());
+    }
+
+    std::unique_ptr<Hook> hook;
+    if (options.cancel.stop_possible()) {
+#if TAILBATCH_HAS_EXCEPTIONS
+      try {
+#endif
+        hook = std::make_unique<Hook>(&Pipeline::on_cancel, this);
+        // Registered before queueing: a stop that lands in between is seen by the leader.
+        hook->callback.emplace(options.cancel, Hook::Fire{hook.get()});
+#if TAILBATCH_HAS_EXCEPTIONS
+      } catch (...) {
+        return finish_inline(done, std::move(*ticket), now,
+                             Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}});
+      }
+#endif
+    }
+
+    Entry entry{std::move(req), Meta{std::move(done), now, std::move(hook), std::move(*ticket)}, deadline, 0, cost,
+                static_cast<std::uint32_t>(bucket), options.priority};
+    RejectReason refused = RejectReason::none;
+    bool wake = false;
+    {
+      std::unique_lock lock(mu_, std::defer_lock);
+#if TAILBATCH_HAS_EXCEPTIONS
+      try {
+#endif
+        lock.lock();
+        if (closing_.load(std::memory_order_relaxed)) {
+          refused = RejectReason::shutting_down;
+        } else if (queued_ >= config_.queue_capacity) {
+          refused = RejectReason::queue_full;
+        } else {
+          entry.seq = accepted_;
+          // Strong guarantee: if this throws, entry still holds the request.
+          incoming_.push_back(std::move(entry));
+          ++accepted_;
+          ++queued_;
+          queued_mirror_.store(queued_, std::memory_order_relaxed);
+          wake = leader_sleeping_ && (queued_ >= wake_at_queued_ || deadline < wake_if_deadline_before_);
+        }
+#if TAILBATCH_HAS_EXCEPTIONS
+      } catch (...) {
+        if (lock.owns_lock()) lock.unlock();
+        return finish_inline(entry.meta.done, std::move(entry.meta.ticket), now,
+                             Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}},
+                             std::move(entry.meta.cancel));
+      }
+#endif
+    }
+    if (wake) work_cv_.notify_one();
+    if (refused == RejectReason::none) return;
+    // The hook is destroyed in finish_inline, outside the lock its callback takes.
+    const bool full = refused == RejectReason::queue_full;
+    finish_inline(entry.meta.done, std::move(entry.meta.ticket), now,
+                  Error{Status::rejected, refused,
+                        full ? "tailbatch: the queue is full" : "tailbatch: the pipeline is shutting down",
+                        full ? retry_after_hint() : std::chrono::nanoseconds{0}},
+                  std::move(entry.meta.cancel));
+  }
+
+  // The time the current drain rate needs to empty the queue as it stands.
+  std::chrono::nanoseconds retry_after_hint() const noexcept {
+    const double rate = drain_rate_.load(std::memory_order_relaxed);
+    if (rate <= 0.0) return std::chrono::nanoseconds{0};
+    const double depth = static_cast<double>(std::max<std::size_t>(1, queued_mirror_.load(std::memory_order_relaxed)));
+    const double seconds = std::min(depth / rate, 60.0);
+    return std::chrono::nanoseconds(static_cast<std::int64_t>(seconds * 1e9));
+  }
+
+  static void on_cancel(void* self) noexcept {
+    auto* p = static_cast<Pipeline*>(self);
+    bool wake = false;
+    {
+      std::lock_guard lock(p->mu_);
+      p->cancel_pending_ = true;
+      wake = p->leader_sleeping_;
+    }
+    if (wake) p->work_cv_.notify_one();
+  }
+
+  void count_inline(Status s, RejectReason r) noexcept {
+    inline_submitted_.fetch_add(1, std::memory_order_relaxed);
+    count_status(s, r, 1);
+  }
+
+  void count_status(Status s, RejectReason r, std::uint64_t n) noexcept {
+    if (n == 0) return;
+    by_status_[static_cast<std::size_t>(s)].fetch_add(n, std::memory_order_relaxed);
+    if (s == Status::rejected) rejected_by_reason_[static_cast<std::size_t>(r)].fetch_add(n, std::memory_order_relaxed);
+    if (metrics_) {
+      if (Counter* c = metrics_->outcomes[outcome_index(s, r)]) c->inc(n);
+    }
+  }
+
+  static std::size_t outcome_index(Status s, RejectReason r) noexcept {
+    switch (s) {
+      case Status::ok: return 0;
+      case Status::rejected: return std::clamp<std::size_t>(static_cast<std::size_t>(r), 1, 4);
+      case Status::deadline_exceeded: return 5;
+      case Status::cancelled: return 6;
+      case Status::failed: return 7;
+    }
+    return 7;
+  }
+
+  void reject_inline(detail::Completion<Resp>& done, RejectReason r, std::string message,
+                     std::chrono::nanoseconds retry_after = std::chrono::nanoseconds{0}) noexcept {
+    complete_inline(done, Error{Status::rejected, r, std::move(message), retry_after});
+  }
+
+  // A request that never got an admission ticket.
+  void complete_inline(detail::Completion<Resp>& done, Error&& e) noexcept {
+    count_inline(e.status, e.reason);
+    deliver(done, Outcome<Resp>(std::move(e)));
+  }
+
+  // A request admitted but never queued.
+  void finish_inline(detail::Completion<Resp>& done, Ticket&& ticket, BatchTime arrival, Error&& e,
+                     std::unique_ptr<Hook> hook = nullptr) noexcept {
+    hook.reset();
+    const Status s = e.status;
+    count_inline(s, e.reason);
+    admission_->release(std::move(ticket), s, elapsed(arrival, clock_.now()));
+    deliver(done, Outcome<Resp>(std::move(e)));
+  }
+
+  template <class F>
+  void invoke_user(F& f, Outcome<Resp>&& o) noexcept {
+#if TAILBATCH_HAS_EXCEPTIONS
+    try {
+      std::invoke(f, std::move(o));
+    } catch (...) {
+      note_callback_exception();
+    }
+#else
+    std::invoke(f, std::move(o));
+#endif
+  }
+
+  void deliver(detail::Completion<Resp>& done, Outcome<Resp>&& o) noexcept {
+#if TAILBATCH_HAS_EXCEPTIONS
+    try {
+      done(std::move(o));
+    } catch (...) {
+      note_callback_exception();
+    }
+#else
+    done(std::move(o));
+#endif
+  }
+
+  void note_callback_exception() noexcept {
+    callback_exceptions_.fetch_add(1, std::memory_order_relaxed);
+    if (metrics_ && metrics_->callback_exceptions) metrics_->callback_exceptions->inc();
+  }
+
+  static std::chrono::nanoseconds elapsed(BatchTime from, BatchTime to) noexcept {
+    return to > from ? std::chrono::duration_cast<std::chrono::nanoseconds>(to - from) : std::chrono::nanoseconds{0};
+  }
+
+  // ---- batch formation (under lead_mu_) -----------------------------------------------
+
+  void worker_main() noexcept {
+    Batch batch;
+#if TAILBATCH_HAS_EXCEPTIONS
+    try {
+      reserve(batch);
+    } catch (...) {
+    }
+#else
+    reserve(batch);
+#endif
+    for (;;) {
+      std::optional<typename Lanes::Lease> lease = lanes_->try_acquire();
+      while (!lease) {
+        {
+          std::lock_guard lead(lead_mu_);
+          if (finished_) return;
+        }
+#if TAILBATCH_HAS_EXCEPTIONS
+        try {
+          lease = lanes_->acquire_for(std::chrono::milliseconds(2));
+        } catch (...) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+#else
+        lease = lanes_->acquire_for(std::chrono::milliseconds(2));
+#endif
+      }
+      Lead r;
+      {
+        std::unique_lock lead(lead_mu_);
+        BatchTime ignored;
+        r = lead_step(batch, true, ignored);
+      }
+      if (r == Lead::finished) return;
+      if (r == Lead::formed) run_batch(batch, lease->lane());
+    }
+  }
+
+  void drain_in_caller() noexcept {
+    for (;;) {
+      std::optional<typename Lanes::Lease> lease = lanes_->try_acquire();
+      std::unique_lock lead(lead_mu_);
+      if (!lease) {
+        reject_all_staged();
+        finished_ = true;
+      }
+      if (finished_) return;
+      BatchTime ignored;
+      const Lead r = lead_step(manual_batch_, false, ignored);
+      if (r == Lead::finished) return;
+      if (r == Lead::formed) {
+        run_batch(manual_batch_, lease->lane());
+      } else {
+        // Closing and idle cannot both hold: flush always dispatches. Defensive stop.
+        reject_all_staged();
+        finished_ = true;
+        return;
+      }
+    }
+  }
+
+  // One leadership turn: ingest, purge, decide; form a batch, or sleep (threaded) and
+  // decide again, or report when the next batch may be due (manual).
+  Lead lead_step(Batch& b, bool may_sleep, BatchTime& next_due) noexcept {
+    for (;;) {
+      if (finished_) return Lead::finished;
+      bool closing = false;
+      bool cancels = false;
+      BatchTime drain_deadline = BatchTime::max();
+      {
+        std::lock_guard lock(mu_);
+        sync_removed_locked();
+        ingest_.swap(incoming_);
+        closing = closing_.load(std::memory_order_relaxed);
+        cancels = std::exchange(cancel_pending_, false);
+        drain_deadline = drain_deadline_;
+      }
+      stage_ingested();
+      const BatchTime now = clock_.now();
+      if (cancels) purge_cancelled(now);
+      if (closing && now >= drain_deadline) {
+        reject_all_staged();
+        sync_removed();
+        finished_ = true;
+        return Lead::finished;
+      }
+      Round round = decide_round(now, closing);
+      if (round.bucket != npos) {
+        form(b, round, now);
+        return Lead::formed;
+      }
+      compact_all();
+      if (closing && staged_.size() == 0) {
+        sync_removed();
+        finished_ = true;
+        return Lead::finished;
+      }
+      if (!may_sleep) {
+        sync_removed();
+        next_due = round.wait.decide_again_at;
+        return Lead::idle;
+      }
+      std::unique_lock lock(mu_);
+      sync_removed_locked();
+      if (!incoming_.empty() || cancel_pending_ || closing_.load(std::memory_order_relaxed) != closing) continue;
+      const std::size_t delta = round.wake_delta;
+      wake_at_queued_ = queued_ + std::max<std::size_t>(1, delta);
+      wake_if_deadline_before_ = round.wait.decide_again_if_deadline_before;
+      leader_sleeping_ = true;
+      if (round.wait.decide_again_at == BatchTime::max()) {
+        work_cv_.wait(lock);
+      } else {
+        work_cv_.wait_until(lock, round.wait.decide_again_at);
+      }
+      leader_sleeping_ = false;
+    }
+  }
+
+  void sync_removed_locked() noexcept {
+    queued_ -= std::min(queued_, removed_);
+    removed_ = 0;
+    queued_mirror_.store(queued_, std::memory_order_relaxed);
+  }
+
+  void sync_removed() noexcept {
+    if (removed_ == 0) return;
+    std::lock_guard lock(mu_);
+    sync_removed_locked();
+  }
+
+  void stage_ingested() noexcept {
+    if (ingest_.empty()) return;
+    const bool edf = policy_.order() == BatchOrder::earliest_deadline;
+    std::size_t i = 0;
+#if TAILBATCH_HAS_EXCEPTIONS
+    try {
+#endif
+      for (; i < ingest_.size(); ++i) {
+        Entry& e = ingest_[i];
+        const std::size_t lane = static_cast<std::size_t>(e.priority);
+        const BatchTime key = edf ? e.deadline : BatchTime{};
+        const std::uint64_t seq = e.seq;
+        const std::size_t bucket = e.bucket;
+        staged_.push(std::move(e), lane, bucket, key, seq);
+      }
+      staged_.settle();
+#if TAILBATCH_HAS_EXCEPTIONS
+    } catch (...) {
+      // Out of memory while staging: the requests not staged fail rather than vanish.
+      const BatchTime now = clock_.now();
+      for (; i < ingest_.size(); ++i) {
+        complete_entry(std::move(ingest_[i]), Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}},
+                       now);
+      }
+    }
+#endif
+    ingest_.clear();
+  }
+
+  [[nodiscard]] bool is_cancelled(const Entry& e) const noexcept {
+    return e.meta.cancel && e.meta.cancel->fired.load(std::memory_order_acquire);
+  }
+
+  void complete_entry(Entry&& e, Error&& err, BatchTime now) noexcept {
+    ++removed_;
+    e.meta.cancel.reset();
+    const Status s = err.status;
+    count_status(s, err.reason, 1);
+    admission_->release(std::move(e.meta.ticket), s, elapsed(e.meta.arrival, now));
+    if (metrics_) metrics_->hist[end_to_end]->record(elapsed(e.meta.arrival, now));
+    deliver(e.meta.done, Outcome<Resp>(std::move(err)));
+  }
+
+  void complete_dead(std::uint32_t sub, std::size_t pos, BatchTime now) noexcept {
+    Entry e = staged_.take(sub, pos);
+    if (is_cancelled(e)) {
+      complete_entry(std::move(e), Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}}, now);
+    } else {
+      complete_entry(std::move(e),
+                     Error{Status::deadline_exceeded, RejectReason::none,
+                           "tailbatch: the deadline passed before the request could run", {}},
+                     now);
+    }
+  }
+
+  void purge_cancelled(BatchTime now) noexcept {
+    for (std::uint32_t s = 0; s < staged_.lanes() * staged_.buckets(); ++s) {
+      auto& q = staged_.sub(s);
+      for (std::size_t pos = q.head; pos < q.keys.size() && q.live > 0; ++pos) {
+        const auto slot = q.keys[pos].slot;
+        if (slot == Staged::tombstone) continue;
+        if (is_cancelled(staged_.entry(slot))) complete_dead(s, pos, now);
+      }
+      staged_.compact(s);
+    }
+  }
+
+  void reject_all_staged() noexcept {
+    const BatchTime now = clock_.now();
+    for (std::uint32_t s = 0; s < staged_.lanes() * staged_.buckets(); ++s) {
+      auto& q = staged_.sub(s);
+      for (std::size_t pos = q.head; pos < q.keys.size(); ++pos) {
+        if (q.keys[pos].slot == Staged::tombstone) continue;
+        complete_entry(staged_.take(s, pos),
+                       Error{Status::rejected, RejectReason::shutting_down,
+                             "tailbatch: the pipeline shut down before the request could run", {}},
+                       now);
+      }
+      staged_.compact(s);
+    }
+  }
+
+  void compact_all() noexcept {
+    for (std::uint32_t s = 0; s < staged_.lanes() * staged_.buckets(); ++s) staged_.compact(s);
+  }
+
+  static constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
+
+  struct Round {
+    std::size_t bucket = npos;  // the bucket to dispatch from, or npos: wait
+    BatchDecision decision{};   // for that bucket
+    BatchDecision wait{};       // when waiting: the earliest reasons to decide again
+    std::size_t wake_delta = 1;
+  };
+
+  // Builds every non-empty bucket's view, completing dead requests on the way, and asks
+  // the policy about each. The bucket whose first candidate is most urgent wins.
+  Round decide_round(BatchTime now, bool flush) noexcept {
+    Round round;
+    round.wait.decide_again_at = BatchTime::max();
+    round.wait.decide_again_if_deadline_before = BatchTime::min();
+    std::size_t best_delta = npos;
+    // Rank of a winner: (starving first, then priority, then order key, then arrival).
+    struct Rank {
+      int starving;
+      int lane;
+      BatchTime key;
+      std::uint64_t seq;
+      bool operator<(const Rank& o) const noexcept {
+        if (starving != o.starving) return starving < o.starving;
+        if (lane != o.lane) return lane < o.lane;
+        if (key != o.key) return key < o.key;
+        return seq < o.seq;
+      }
+    };
+    Rank best{};
+    for (std::size_t b = 0; b < staged_.buckets(); ++b) {
+      if (staged_.live_in_bucket(b) == 0) continue;
+      View& v = views_[b];
+      const bool head_starving = build_view(b, now, v);
+      if (v.candidates.empty()) continue;
+      BatchView bv{std::span<const BatchCandidate>(v.candidates), staged_.live_in_bucket(b), now, flush};
+      BatchDecision d = policy_.decide(bv);
+      if (d.count > 0) {
+        d.count = std::min(d.count, v.candidates.size());
+        const Pick first = v.picks.front();
+        const auto& key = staged_.sub(first.first).keys[first.second];
+        const Rank r{head_starving ? 0 : 1, static_cast<int>(v.candidates.front().priority), key.order_time, key.seq};
+        if (round.bucket == npos || r < best) {
+          best = r;
+          round.bucket = b;
+          round.decision = d;
+        }
+      } else {
+        round.wait.decide_again_at = std::min(round.wait.decide_again_at, d.decide_again_at);
+        round.wait.decide_again_if_deadline_before =
+            std::max(round.wait.decide_again_if_deadline_before, d.decide_again_if_deadline_before);
+        const std::size_t q = bv.queued;
+        const std::size_t delta = d.decide_again_at_queued > q ? d.decide_again_at_queued - q : 1;
+        best_delta = std::min(best_delta, delta);
+      }
+    }
+    round.wake_delta = best_delta == npos ? 1 : best_delta;
+    return round;
+  }
+
+  // Fills v with bucket b's candidates in service order. Returns whether the first one
+  // comes from a starving lane.
+  bool build_view(std::size_t b, BatchTime now, View& v) noexcept {
+    v.candidates.clear();
+    v.picks.clear();
+    std::array<std::size_t, priority_levels> order{};
+    std::size_t n = 0;
+    bool first_starving = false;
+    // Starving lower lanes first (in priority order), then every other lane.
+    for (std::size_t lane = 1; lane < priority_levels; ++lane) {
+      if (lane_starving(lane, b, now)) order[n++] = lane;
+    }
+    const std::size_t starving = n;
+    for (std::size_t lane = 0; lane < priority_levels; ++lane) {
+      if (std::find(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(starving), lane) ==
+          order.begin() + static_cast<std::ptrdiff_t>(starving)) {
+        order[n++] = lane;
+      }
+    }
+    for (std::size_t i = 0; i < n && v.candidates.size() < max_batch_; ++i) {
+      const auto s = static_cast<std::uint32_t>(staged_.sub_index(order[i], b));
+      auto& q = staged_.sub(s);
+      for (std::size_t pos = q.head; pos < q.keys.size() && q.live > 0; ++pos) {
+        const auto slot = q.keys[pos].slot;
+        if (slot == Staged::tombstone) continue;
+        const Entry& e = staged_.entry(slot);
+        if (now > e.deadline || is_cancelled(e)) {
+          complete_dead(s, pos, now);
+          continue;
+        }
+        if (v.candidates.empty()) first_starving = i < starving;
+        v.candidates.push_back(BatchCandidate{e.meta.arrival, e.deadline, e.cost, e.priority});
+        v.picks.emplace_back(s, pos);
+        if (v.candidates.size() == max_batch_) break;
+      }
+    }
+    return first_starving;
+  }
+
+  bool lane_starving(std::size_t lane, std::size_t b, BatchTime now) noexcept {
+    const auto s = staged_.sub_index(lane, b);
+    staged_.compact(s);
+    auto& q = staged_.sub(s);
+    if (q.live == 0 || q.head >= q.keys.size()) return false;
+    const Entry& e = staged_.entry(q.keys[q.head].slot);
+    return now - e.meta.arrival >= config_.starvation_limit;
+  }
+
+  void form(Batch& b, const Round& round, BatchTime now) noexcept {
+    View& v = views_[round.bucket];
+    const std::size_t count = round.decision.count;
+    b.reqs.clear();
+    b.resps.clear();
+    b.metas.clear();
+    b.opened = BatchTime::max();
+    // Within the reserved capacity, and Entry moves are expected not to throw: an
+    // exception here terminates (this is noexcept) rather than lose a request.
+    for (std::size_t i = 0; i < count; ++i) {
+      const Pick p = v.picks[i];
+      Entry e = staged_.take(p.first, p.second);
+      b.opened = std::min(b.opened, e.meta.arrival);
+      b.reqs.push_back(std::move(e.req));
+      b.metas.push_back(std::move(e.meta));
+    }
+    const std::size_t n = b.metas.size();
+    removed_ += n;
+    b.padded = n;
+    if constexpr (std::copy_constructible<Req>) {
+      const std::size_t want = round.decision.padded_size;
+      if (want > n && n > 0) {
+#if TAILBATCH_HAS_EXCEPTIONS
+        try {
+#endif
+          while (b.reqs.size() < want) b.reqs.push_back(b.reqs[n - 1]);
+#if TAILBATCH_HAS_EXCEPTIONS
+        } catch (...) {
+          b.reqs.resize(n);
+        }
+#endif
+        b.padded = b.reqs.size();
+      }
+    }
+    b.reason = round.decision.reason;
+    b.formed = now;
+    for (const Pick& p : v.picks) staged_.compact(p.first);
+    in_flight_.fetch_add(n, std::memory_order_relaxed);
+    dispatched_[static_cast<std::size_t>(b.reason)].fetch_add(1, std::memory_order_relaxed);
+    batched_requests_.fetch_add(n, std::memory_order_relaxed);
+    update_drain_rate(n, now);
+    sync_removed();
+    if (metrics_) {
+      metrics_->dispatch[static_cast<std::size_t>(b.reason)]->inc();
+      metrics_->batched->inc(n);
+      const auto bucket = static_cast<std::size_t>(std::bit_width(n > 0 ? n - 1 : 0));
+      if (bucket < metrics_->by_size.size()) metrics_->by_size[bucket]->inc();
+      metrics_->hist[formation]->record(elapsed(b.opened, now));
+      for (const Meta& m : b.metas) metrics_->hist[queue_wait]->record(elapsed(m.arrival, now));
+    }
+  }
+
+  void update_drain_rate(std::size_t n, BatchTime now) noexcept {
+    rate_count_ += n;
+    const auto dt = now - last_rate_sample_;
+    if (dt < std::chrono::milliseconds(10)) return;
+    const double inst = static_cast<double>(rate_count_) / std::chrono::duration<double>(dt).count();
+    const double old = drain_rate_.load(std::memory_order_relaxed);
+    drain_rate_.store(old <= 0.0 ? inst : 0.5 * old + 0.5 * inst, std::memory_order_relaxed);
+    rate_count_ = 0;
+    last_rate_sample_ = now;
+  }
+
+  // ---- execution and completion (no lock held) ---------------------------------------
+
+  void run_batch(Batch& b, Lane& lane) noexcept {
+    const std::size_t n = b.metas.size();
+    bool threw = false;
+    std::string error;
+    const BatchTime start = clock_.now();
+#if TAILBATCH_HAS_EXCEPTIONS
+    try {
+      b.resps.resize(b.padded);
+      model_(std::span<const Req>(b.reqs.data(), b.padded), std::span<Resp>(b.resps.data(), b.padded), lane);
+    } catch (const std::exception& e) {
+      threw = true;
+      try {
+        error = e.what();
+      } catch (...) {
+      }
+    } catch (...) {
+      threw = true;
+      try {
+        error = "tailbatch: the model threw an exception not derived from std::exception";
+      } catch (...) {
+      }
+    }
+#else
+    b.resps.resize(b.padded);
+    model_(std::span<const Req>(b.reqs.data(), b.padded), std::span<Resp>(b.resps.data(), b.padded), lane);
+#endif
+    const BatchTime end = clock_.now();
+    std::uint64_t ok = 0;
+    std::uint64_t cancelled = 0;
+    std::uint64_t failed = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      Meta& m = b.metas[i];
+      const bool was_cancelled = m.cancel && m.cancel->fired.load(std::memory_order_acquire);
+      m.cancel.reset();
+      const auto latency = elapsed(m.arrival, end);
+      if (was_cancelled) {
+        ++cancelled;
+        admission_->release(std::move(m.ticket), Status::cancelled, latency);
+        deliver(m.done, Outcome<Resp>(Error{Status::cancelled, RejectReason::none,
+                                            "tailbatch: cancelled; the result was discarded", {}}));
+      } else if (threw) {
+        ++failed;
+        admission_->release(std::move(m.ticket), Status::failed, latency);
+        deliver(m.done, Outcome<Resp>(Error{Status::failed, RejectReason::none, error, {}}));
+      } else {
+        ++ok;
+        admission_->release(std::move(m.ticket), Status::ok, latency);
+        deliver(m.done, Outcome<Resp>(std::move(b.resps[i])));
+      }
+      if (metrics_) metrics_->hist[end_to_end]->record(latency);
+    }
+    count_status(Status::ok, RejectReason::none, ok);
+    count_status(Status::cancelled, RejectReason::none, cancelled);
+    count_status(Status::failed, RejectReason::none, failed);
+    if (metrics_) metrics_->hist[model_time]->record(elapsed(start, end));
+    b.metas.clear();
+    b.reqs.clear();
+    b.resps.clear();
+    in_flight_.fetch_sub(n, std::memory_order_relaxed);
+  }
+
+  // ---- metrics -----------------------------------------------------------------------
+
+  void register_metrics(MetricsRegistry& r) {
+    auto m = std::make_unique<Metrics>();
+    const Labels& base = config_.metric_labels;
+    m->hist[queue_wait] = &r.histogram("tailbatch_pipeline_queue_wait_seconds",
+                                       "Time from submit until the request's batch was formed", base);
+    m->hist[formation] = &r.histogram("tailbatch_pipeline_batch_formation_seconds",
+                                      "Time from a batch's first request until the batch closed", base);
+    m->hist[model_time] = &r.histogram("tailbatch_pipeline_model_seconds", "Time spent in the model call, per batch",
+                                       base);
+    m->hist[end_to_end] = &r.histogram("tailbatch_pipeline_end_to_end_seconds",
+                                       "Time from submit until the request completed", base);
+    for (std::size_t i = 0; i < dispatch_reason_count; ++i) {
+      m->dispatch[i] = &r.counter("tailbatch_pipeline_batches_total", "Batches dispatched, by the reason they closed",
+                                  join_labels(base, {{"reason", std::string(to_string(static_cast<DispatchReason>(i)))}}));
+    }
+    m->batched = &r.counter("tailbatch_pipeline_batched_requests_total",
+                            "Requests executed in batches (padding excluded)", base);
+    // Size classes 1, 2, 3-4, 5-8, ...: index bit_width(size - 1).
+    const auto classes = static_cast<std::size_t>(std::bit_width(max_batch_ - 1)) + 1;
+    for (std::size_t i = 0; i < classes; ++i) {
+      const std::size_t hi = std::size_t{1} << i;
+      const std::size_t lo = i == 0 ? 1 : (std::size_t{1} << (i - 1)) + 1;
+      const std::string label = lo == hi ? std::to_string(hi) : std::to_string(lo) + "-" + std::to_string(hi);
+      m->by_size.push_back(&r.counter("tailbatch_pipeline_batch_size_total", "Batches dispatched, by size class",
+                                      join_labels(base, {{"size", label}})));
+    }
+    static constexpr std::array<std::pair<Status, RejectReason>, 8> outcomes{{
+        {Status::ok, RejectReason::none},
+        {Status::rejected, RejectReason::queue_full},
+        {Status::rejected, RejectReason::overloaded},
+        {Status::rejected, RejectReason::shutting_down},
+        {Status::rejected, RejectReason::too_large},
+        {Status::deadline_exceeded, RejectReason::none},
+        {Status::cancelled, RejectReason::none},
+        {Status::failed, RejectReason::none},
+    }};
+    for (const auto& [s, rr] : outcomes) {
+      m->outcomes[outcome_index(s, rr)] =
+          &r.counter("tailbatch_pipeline_requests_total", "Requests completed, by status and reject reason",
+                     join_labels(base, {{"status", std::string(to_string(s))}, {"reason", std::string(to_string(rr))}}));
+    }
+    m->callback_exceptions = &r.counter("tailbatch_pipeline_callback_exceptions_total",
+                                        "Completion callbacks that threw (caught and dropped)", base);
+    m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_queue_depth", "Requests waiting in the queue", base,
+                                         [this] { return static_cast<double>(queued_approx()); }));
+    m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_in_flight", "Requests in batches being executed", base,
+                                         [this] { return static_cast<double>(in_flight_approx()); }));
+    m->gauges.push_back(r.gauge_callback(
+        "tailbatch_pipeline_batch_fill_ratio", "Mean batch size over max_batch since start", base, [this] {
+          std::uint64_t batches = 0;
+          for (const auto& d : dispatched_) batches += d.load(std::memory_order_relaxed);
+          if (batches == 0) return 0.0;
+          return static_cast<double>(batched_requests_.load(std::memory_order_relaxed)) /
+                 (static_cast<double>(batches) * static_cast<double>(max_batch_));
+        }));
+    m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_drain_rate", "Requests taken off the queue per second",
+                                         base, [this] { return drain_rate_approx(); }));
+    metrics_ = std::move(m);
+  }
+
+  // ---- state -------------------------------------------------------------------------
+
+  Model model_;
+  Policy policy_;
+  Config config_;
+  C clock_;
+  std::unique_ptr<Lanes> owned_lanes_;
+  Lanes* lanes_;
+  std::unique_ptr<Admission> owned_admission_;
+  Admission* admission_;
+  std::size_t max_batch_;
+  bool threaded_ = false;
+
+  // Shared between submitters and the leader, under mu_.
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::vector<Entry> incoming_;
+  std::size_t queued_ = 0;
+  std::uint64_t accepted_ = 0;
+  std::size_t wake_at_queued_ = 1;
+  BatchTime wake_if_deadline_before_ = BatchTime::min();
+  BatchTime drain_deadline_ = BatchTime::max();
+  bool leader_sleeping_ = false;
+  bool cancel_pending_ = false;
+  std::atomic<bool> closing_{false};
+  std::atomic<std::size_t> queued_mirror_{0};
+
+  // The leader's, under lead_mu_.
+  std::mutex lead_mu_;
+  Staged staged_;
+  std::vector<Entry> ingest_;
+  std::vector<View> views_;
+  std::size_t removed_ = 0;  // taken off the queue since queued_ was last updated
+  bool finished_ = false;
+  std::uint64_t rate_count_ = 0;
+  BatchTime last_rate_sample_{};
+  Batch manual_batch_;
+
+  // Counters.
+  std::atomic<double> drain_rate_{0.0};
+  std::atomic<std::size_t> in_flight_{0};
+  std::atomic<std::uint64_t> inline_submitted_{0};
+  std::array<std::atomic<std::uint64_t>, 5> by_status_{};
+  std::array<std::atomic<std::uint64_t>, 5> rejected_by_reason_{};
+  std::array<std::atomic<std::uint64_t>, dispatch_reason_count> dispatched_{};
+  std::atomic<std::uint64_t> batched_requests_{0};
+  std::atomic<std::uint64_t> callback_exceptions_{0};
+
+  std::mutex shutdown_mu_;
+  bool shut_down_ = false;
+  std::vector<std::thread> workers_;
+  // Last: destroyed first, so that no gauge callback reads a destroyed counter.
+  std::unique_ptr<Metrics> metrics_;
+};
+
+}  // namespace tailbatch
