@@ -413,6 +413,11 @@ class GradientLimit {
       if (w.count() >= config_.probe_samples) finish_probe(w);
       return limit();
     }
+    if (w.end() >= next_probe_at_) {
+      // Probe now; this window's samples were taken under the limit the probe saves.
+      enter_probe();
+      return limit();
+    }
     if (w.count() == 0) return limit();
 
     sample_rtt_ = w.percentile(config_.sample_percentile);
@@ -433,7 +438,7 @@ class GradientLimit {
     windows_at_min_ = limit() == config_.min_limit ? windows_at_min_ + 1 : 0;
     const bool stale = config_.reprobe_after_windows_at_min > 0 &&
                        windows_at_min_ >= config_.reprobe_after_windows_at_min;
-    if (w.end() >= next_probe_at_ || stale) enter_probe();
+    if (stale) enter_probe();
     return limit();
   }
 
