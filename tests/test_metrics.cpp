@@ -1,0 +1,898 @@
+// tailbatch/metrics.hpp: the registry's kinds, labels, validation and escaping, the exact
+// Prometheus text it writes, its JSON, callback gauges, concurrent updates (exact totals,
+// run under TSan in CI), and the Little's-law self-check.
+#include <tailbatch/metrics.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "tailbatch_test.hpp"
+
+#if defined(TAILBATCH_CATCH2_V3)
+using Catch::Approx;
+#else
+using Catch::Detail::Approx;
+#endif
+
+using namespace std::chrono_literals;
+using tailbatch::Labels;
+using tailbatch::MetricsRegistry;
+
+namespace {
+
+// The message of the std::invalid_argument f throws, or "<no exception>".
+template <class F>
+std::string invalid_argument_message(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "<no exception>";
+}
+
+bool contains(std::string_view haystack, std::string_view needle) {
+  return haystack.find(needle) != std::string_view::npos;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    const auto end = text.find('\n', start);
+    REQUIRE(end != std::string::npos);  // every line ends in a newline
+    lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return lines;
+}
+
+// The value of the sample line that starts with `prefix` (name and labels), parsed the
+// way Prometheus parses it.
+double sample_value(const std::string& text, const std::string& prefix) {
+  for (const auto& line : lines_of(text)) {
+    if (line.rfind(prefix + " ", 0) == 0) {
+      const std::string v = line.substr(prefix.size() + 1);
+      if (v == "NaN") return std::nan("");
+      if (v == "+Inf") return INFINITY;
+      if (v == "-Inf") return -INFINITY;
+      char* end = nullptr;
+      const double d = std::strtod(v.c_str(), &end);
+      REQUIRE(*end == '\0');
+      return d;
+    }
+  }
+  FAIL("no sample line starts with " << prefix);
+  return 0.0;
+}
+
+// A minimal strict JSON parser: enough to prove json() is valid JSON and to walk it.
+struct Json {
+  enum class Kind { null, boolean, number, string, array, object } kind = Kind::null;
+  bool boolean = false;
+  double number = 0.0;
+  std::string string;
+  std::vector<Json> array;
+  std::vector<std::string> keys;  // an object's keys, in order; values in `array`
+
+  const Json& operator[](std::string_view key) const {
+    REQUIRE(kind == Kind::object);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] == key) return array[i];
+    }
+    FAIL("no key " << key);
+    return *this;
+  }
+};
+
+class JsonParser {
+ public:
+  explicit JsonParser(std::string_view text) : s_(text) {}
+
+  Json parse_document() {
+    Json v = parse_value();
+    skip_ws();
+    if (i_ != s_.size()) fail("trailing characters");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void fail(const char* what) {
+    throw std::runtime_error(std::string("JSON: ") + what + " at offset " + std::to_string(i_));
+  }
+  void skip_ws() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\t' || s_[i_] == '\r')) ++i_;
+  }
+  char peek() {
+    if (i_ >= s_.size()) fail("unexpected end");
+    return s_[i_];
+  }
+  void expect(char c) {
+    if (peek() != c) fail("unexpected character");
+    ++i_;
+  }
+  bool literal(std::string_view word) {
+    if (s_.substr(i_, word.size()) != word) return false;
+    i_ += word.size();
+    return true;
+  }
+  Json parse_value() {
+    skip_ws();
+    Json v;
+    const char c = peek();
+    if (c == '{') {
+      v.kind = Json::Kind::object;
+      ++i_;
+      skip_ws();
+      if (peek() == '}') {
+        ++i_;
+        return v;
+      }
+      for (;;) {
+        skip_ws();
+        std::string key = parse_string();
+        skip_ws();
+        expect(':');
+        v.keys.push_back(std::move(key));
+        v.array.push_back(parse_value());
+        skip_ws();
+        if (peek() == ',') {
+          ++i_;
+          continue;
+        }
+        expect('}');
+        return v;
+      }
+    }
+    if (c == '[') {
+      v.kind = Json::Kind::array;
+      ++i_;
+      skip_ws();
+      if (peek() == ']') {
+        ++i_;
+        return v;
+      }
+      for (;;) {
+        v.array.push_back(parse_value());
+        skip_ws();
+        if (peek() == ',') {
+          ++i_;
+          continue;
+        }
+        expect(']');
+        return v;
+      }
+    }
+    if (c == '"') {
+      v.kind = Json::Kind::string;
+      v.string = parse_string();
+      return v;
+    }
+    if (literal("null")) return v;
+    if (literal("true") || literal("false")) {
+      v.kind = Json::Kind::boolean;
+      v.boolean = s_[i_ - 1] == 'e' && s_[i_ - 2] == 'u';
+      return v;
+    }
+    v.kind = Json::Kind::number;
+    v.number = parse_number();
+    return v;
+  }
+  std::string parse_string() {
+    expect('"');
+    std::string out;
+    for (;;) {
+      const char c = peek();
+      ++i_;
+      if (c == '"') return out;
+      if (static_cast<unsigned char>(c) < 0x20) fail("raw control character in string");
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      const char e = peek();
+      ++i_;
+      switch (e) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          if (s_.size() - i_ < 4) fail("short \\u escape");
+          const unsigned cp = static_cast<unsigned>(std::stoul(std::string(s_.substr(i_, 4)), nullptr, 16));
+          i_ += 4;
+          if (cp >= 0x80) fail("test parser handles \\u escapes below 0x80 only");
+          out += static_cast<char>(cp);
+          break;
+        }
+        default: fail("bad escape");
+      }
+    }
+  }
+  double parse_number() {
+    const std::size_t start = i_;
+    auto digits = [&] {
+      const std::size_t d = i_;
+      while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') ++i_;
+      if (i_ == d) fail("digits expected");
+    };
+    if (i_ < s_.size() && s_[i_] == '-') ++i_;
+    if (peek() == '0') {
+      ++i_;
+    } else {
+      digits();
+    }
+    if (i_ < s_.size() && s_[i_] == '.') {
+      ++i_;
+      digits();
+    }
+    if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
+      ++i_;
+      if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
+      digits();
+    }
+    return std::strtod(std::string(s_.substr(start, i_ - start)).c_str(), nullptr);
+  }
+
+  std::string_view s_;
+  std::size_t i_ = 0;
+};
+
+Json parse_json(const std::string& text) { return JsonParser(text).parse_document(); }
+
+}  // namespace
+
+TEST_CASE("counters and gauges are exposed in the exact 0.0.4 text format", "[metrics]") {
+  MetricsRegistry r;
+  auto& ok = r.counter("tailbatch_requests_total", "Requests completed, by status.", {{"status", "ok"}});
+  auto& rejected =
+      r.counter("tailbatch_requests_total", "Requests completed, by status.", {{"status", "rejected"}});
+  auto& depth = r.gauge("tailbatch_queue_depth", "Requests waiting in the queue.");
+  auto& rate = r.gauge("tailbatch_tokens_per_second", "Generated tokens per second.");
+  ok.inc(3);
+  rejected.inc();
+  depth.set(5);
+  depth.add(2);
+  depth.add(-1);
+  rate.set(1234.5);
+
+  CHECK(ok.value() == 3);
+  CHECK(rejected.value() == 1);
+  CHECK(depth.value() == 6.0);
+  CHECK(r.prometheus() ==
+        "# HELP tailbatch_queue_depth Requests waiting in the queue.\n"
+        "# TYPE tailbatch_queue_depth gauge\n"
+        "tailbatch_queue_depth 6\n"
+        "# HELP tailbatch_requests_total Requests completed, by status.\n"
+        "# TYPE tailbatch_requests_total counter\n"
+        "tailbatch_requests_total{status=\"ok\"} 3\n"
+        "tailbatch_requests_total{status=\"rejected\"} 1\n"
+        "# HELP tailbatch_tokens_per_second Generated tokens per second.\n"
+        "# TYPE tailbatch_tokens_per_second gauge\n"
+        "tailbatch_tokens_per_second 1234.5\n");
+}
+
+TEST_CASE("an empty registry exposes nothing", "[metrics]") {
+  MetricsRegistry r;
+  CHECK(r.prometheus().empty());
+  CHECK(r.json() == "{\"families\":[]}");
+}
+
+TEST_CASE("gauge values use Prometheus' spelling of special and large values", "[metrics]") {
+  MetricsRegistry r;
+  r.gauge("g", "h", {{"v", "a_nan"}}).set(std::nan(""));
+  r.gauge("g", "h", {{"v", "b_pinf"}}).set(INFINITY);
+  r.gauge("g", "h", {{"v", "c_ninf"}}).set(-INFINITY);
+  r.gauge("g", "h", {{"v", "d_big"}}).set(1e6);
+  r.gauge("g", "h", {{"v", "e_small"}}).set(0.000125);
+  r.gauge("g", "h", {{"v", "f_neg"}}).set(-2.5);
+  CHECK(r.prometheus() ==
+        "# HELP g h\n# TYPE g gauge\n"
+        "g{v=\"a_nan\"} NaN\n"
+        "g{v=\"b_pinf\"} +Inf\n"
+        "g{v=\"c_ninf\"} -Inf\n"
+        "g{v=\"d_big\"} 1e+06\n"
+        "g{v=\"e_small\"} 0.000125\n"
+        "g{v=\"f_neg\"} -2.5\n");
+}
+
+TEST_CASE("label values and help text are escaped", "[metrics]") {
+  MetricsRegistry r;
+  r.counter("tailbatch_odd_total", "Backslash \\ newline\nand \"quotes\" stay.",
+            {{"path", "C:\\dir\\\"q\"\nnext"}, {"unicode", "caf\xc3\xa9"}})
+      .inc(7);
+  CHECK(r.prometheus() ==
+        "# HELP tailbatch_odd_total Backslash \\\\ newline\\nand \"quotes\" stay.\n"
+        "# TYPE tailbatch_odd_total counter\n"
+        "tailbatch_odd_total{path=\"C:\\\\dir\\\\\\\"q\\\"\\nnext\",unicode=\"caf\xc3\xa9\"} 7\n");
+
+  const Json doc = parse_json(r.json());
+  const Json& fam = doc["families"].array.at(0);
+  CHECK(fam["help"].string == "Backslash \\ newline\nand \"quotes\" stay.");
+  CHECK(fam["samples"].array.at(0)["labels"]["path"].string == "C:\\dir\\\"q\"\nnext");
+  CHECK(fam["samples"].array.at(0)["labels"]["unicode"].string == "caf\xc3\xa9");
+}
+
+TEST_CASE("labels are sorted by name and their order does not name a new series", "[metrics]") {
+  MetricsRegistry r;
+  auto& a = r.counter("c_total", "h", {{"zone", "b"}, {"app", "x"}});
+  auto& b = r.counter("c_total", "h", {{"app", "x"}, {"zone", "b"}});
+  auto& other = r.counter("c_total", "h", {{"app", "x"}, {"zone", "a"}});
+  CHECK(&a == &b);
+  CHECK(&a != &other);
+  a.inc(2);
+  other.inc(1);
+  CHECK(r.prometheus() ==
+        "# HELP c_total h\n# TYPE c_total counter\n"
+        "c_total{app=\"x\",zone=\"a\"} 1\n"
+        "c_total{app=\"x\",zone=\"b\"} 2\n");
+  CHECK(tailbatch::join_labels({{"pipeline", "p"}}, {{"reason", "queue_full"}}) ==
+        Labels{{"pipeline", "p"}, {"reason", "queue_full"}});
+}
+
+TEST_CASE("registering the same (name, labels) returns the same metric", "[metrics]") {
+  MetricsRegistry r;
+  auto& c1 = r.counter("x_total", "first help");
+  auto& c2 = r.counter("x_total", "second help is ignored");
+  CHECK(&c1 == &c2);
+  auto& g1 = r.gauge("y", "h", {{"k", "v"}});
+  auto& g2 = r.gauge("y", "h", {{"k", "v"}});
+  CHECK(&g1 == &g2);
+  auto& h1 = r.histogram("z_seconds", "h");
+  auto& h2 = r.histogram("z_seconds", "h");
+  CHECK(&h1 == &h2);
+  c1.inc();
+  CHECK(contains(r.prometheus(), "# HELP x_total first help\n"));
+
+  tailbatch::HistogramOptions precise;
+  precise.significant_digits = 3;
+  const auto msg = invalid_argument_message([&] { (void)r.histogram("z_seconds", "h", {}, precise); });
+  INFO(msg);
+  CHECK(contains(msg, "z_seconds"));
+  CHECK(contains(msg, "different HistogramOptions"));
+  auto& p1 = r.histogram("p_seconds", "h", {}, precise);
+  auto& p2 = r.histogram("p_seconds", "h", {}, precise);
+  CHECK(&p1 == &p2);
+}
+
+TEST_CASE("the same name with another kind throws, naming both kinds", "[metrics]") {
+  MetricsRegistry r;
+  (void)r.gauge("tailbatch_depth", "h");
+  auto msg = invalid_argument_message([&] { (void)r.histogram("tailbatch_depth", "h"); });
+  INFO(msg);
+  CHECK(contains(msg, "tailbatch_depth"));
+  CHECK(contains(msg, "already registered as a gauge"));
+  CHECK(contains(msg, "summary"));
+
+  (void)r.histogram("tailbatch_wait_seconds", "h");
+  msg = invalid_argument_message([&] { (void)r.gauge("tailbatch_wait_seconds", "h", {{"a", "b"}}); });
+  CHECK(contains(msg, "already registered as a summary"));
+  msg = invalid_argument_message(
+      [&] { (void)r.gauge_callback("tailbatch_wait_seconds", "h", {}, [] { return 1.0; }); });
+  CHECK(contains(msg, "already registered as a summary"));
+}
+
+TEST_CASE("invalid names, labels and help are rejected and change nothing", "[metrics]") {
+  MetricsRegistry r;
+  r.counter("kept_total", "h").inc();
+  const std::string before = r.prometheus();
+
+  struct Case {
+    std::function<void()> call;
+    const char* expected;
+  };
+  const std::vector<Case> cases = {
+      {[&] { (void)r.gauge("", "h"); }, "not a valid metric name"},
+      {[&] { (void)r.gauge("1abc", "h"); }, "not a valid metric name"},
+      {[&] { (void)r.gauge("a-b", "h"); }, "not a valid metric name"},
+      {[&] { (void)r.gauge("a b", "h"); }, "not a valid metric name"},
+      {[&] { (void)r.gauge("job:rate", "h"); }, "colons are reserved"},
+      {[&] { (void)r.counter("requests", "h"); }, "must end in _total"},
+      {[&] { (void)r.gauge("depth_total", "h"); }, "reserved for counters"},
+      {[&] { (void)r.histogram("wait_total", "h"); }, "reserved for counters"},
+      {[&] { (void)r.gauge("x_sum", "h"); }, "_sum, _count or _bucket"},
+      {[&] { (void)r.gauge("x_count", "h"); }, "_sum, _count or _bucket"},
+      {[&] { (void)r.histogram("x_bucket", "h"); }, "_sum, _count or _bucket"},
+      {[&] { (void)r.gauge("g", ""); }, "non-empty help"},
+      {[&] { (void)r.gauge("g", "bad \xff utf-8"); }, "help text that is not valid UTF-8"},
+      {[&] { (void)r.gauge("g", "h", {{"1a", "v"}}); }, "label name \"1a\""},
+      {[&] { (void)r.gauge("g", "h", {{"a-b", "v"}}); }, "label name \"a-b\""},
+      {[&] { (void)r.gauge("g", "h", {{"", "v"}}); }, "label name \"\""},
+      {[&] { (void)r.gauge("g", "h", {{"__name__", "v"}}); }, "reserved"},
+      {[&] { (void)r.gauge("g", "h", {{"a", "1"}, {"a", "2"}}); }, "twice"},
+      {[&] { (void)r.gauge("g", "h", {{"a", "\xc0\xaf"}}); }, "not valid UTF-8"},      // overlong '/'
+      {[&] { (void)r.gauge("g", "h", {{"a", "\xed\xa0\x80"}}); }, "not valid UTF-8"},  // surrogate
+      {[&] { (void)r.gauge("g", "h", {{"a", "\xe2\x82"}}); }, "not valid UTF-8"},      // truncated
+      {[&] { (void)r.histogram("s_seconds", "h", {{"quantile", "0.5"}}); }, "reserved for the quantiles"},
+      {[&] { (void)r.gauge_callback("cb", "h", {}, {}); }, "fn is empty"},
+      {[&] {
+         tailbatch::HistogramOptions bad;
+         bad.significant_digits = 0;
+         (void)r.histogram("bad_seconds", "h", {}, bad);
+       },
+       ""},
+  };
+  for (const auto& c : cases) {
+    const auto msg = invalid_argument_message(c.call);
+    INFO(msg);
+    CHECK(msg != "<no exception>");
+    CHECK(contains(msg, c.expected));
+  }
+  CHECK(r.prometheus() == before);
+  // A quantile label is fine outside histograms, a name may start with an underscore.
+  CHECK_NOTHROW(r.gauge("_private", "h", {{"quantile", "x"}, {"_a", ""}}));
+}
+
+TEST_CASE("histograms are exposed as summaries in seconds", "[metrics]") {
+  MetricsRegistry r;
+  auto& h = r.histogram("tailbatch_end_to_end_seconds", "End-to-end latency.", {{"pipeline", "p1"}});
+
+  SECTION("empty: NaN quantiles, zero sum and count, exact text") {
+    CHECK(r.prometheus() ==
+          "# HELP tailbatch_end_to_end_seconds End-to-end latency.\n"
+          "# TYPE tailbatch_end_to_end_seconds summary\n"
+          "tailbatch_end_to_end_seconds{pipeline=\"p1\",quantile=\"0.5\"} NaN\n"
+          "tailbatch_end_to_end_seconds{pipeline=\"p1\",quantile=\"0.9\"} NaN\n"
+          "tailbatch_end_to_end_seconds{pipeline=\"p1\",quantile=\"0.95\"} NaN\n"
+          "tailbatch_end_to_end_seconds{pipeline=\"p1\",quantile=\"0.99\"} NaN\n"
+          "tailbatch_end_to_end_seconds{pipeline=\"p1\",quantile=\"0.999\"} NaN\n"
+          "tailbatch_end_to_end_seconds_sum{pipeline=\"p1\"} 0\n"
+          "tailbatch_end_to_end_seconds_count{pipeline=\"p1\"} 0\n");
+  }
+
+  SECTION("1..1000 ms: quantiles within the histogram's 1 %, exact count and sum") {
+    for (int ms = 1; ms <= 1000; ++ms) h.record(std::chrono::milliseconds(ms));
+    const std::string text = r.prometheus();
+    const auto lines = lines_of(text);
+    REQUIRE(lines.size() == 9);
+    CHECK(lines[0] == "# HELP tailbatch_end_to_end_seconds End-to-end latency.");
+    CHECK(lines[1] == "# TYPE tailbatch_end_to_end_seconds summary");
+    const std::vector<std::pair<const char*, double>> expected = {
+        {"0.5", 0.5}, {"0.9", 0.9}, {"0.95", 0.95}, {"0.99", 0.99}, {"0.999", 0.999}};
+    for (const auto& [q, seconds] : expected) {
+      const double v = sample_value(
+          text, std::string("tailbatch_end_to_end_seconds{pipeline=\"p1\",quantile=\"") + q + "\"}");
+      INFO("quantile " << q << " = " << v);
+      // Rank definitions differ by one sample (1 ms) at most; the histogram adds 1 %.
+      CHECK(std::fabs(v - seconds) <= 0.011 * seconds + 0.001);
+    }
+    CHECK(sample_value(text, "tailbatch_end_to_end_seconds_count{pipeline=\"p1\"}") == 1000.0);
+    CHECK(sample_value(text, "tailbatch_end_to_end_seconds_sum{pipeline=\"p1\"}") ==
+          Approx(500.5).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("callback gauges are read at exposition and removed by their handle", "[metrics]") {
+  MetricsRegistry r;
+  std::atomic<int> depth{4};
+  std::atomic<int> calls{0};
+  auto& plain = r.gauge("tailbatch_queue_depth", "Requests waiting.", {{"pipeline", "a"}});
+  plain.set(1);
+  {
+    auto reg = r.gauge_callback("tailbatch_queue_depth", "Requests waiting.", {{"pipeline", "b"}}, [&] {
+      calls.fetch_add(1);
+      return static_cast<double>(depth.load());
+    });
+    CHECK(static_cast<bool>(reg));
+    CHECK(r.prometheus() ==
+          "# HELP tailbatch_queue_depth Requests waiting.\n"
+          "# TYPE tailbatch_queue_depth gauge\n"
+          "tailbatch_queue_depth{pipeline=\"a\"} 1\n"
+          "tailbatch_queue_depth{pipeline=\"b\"} 4\n");
+    depth = 9;
+    CHECK(sample_value(r.prometheus(), "tailbatch_queue_depth{pipeline=\"b\"}") == 9.0);
+    CHECK(calls.load() == 2);
+
+    // A second callback or a plain gauge on the same series is refused.
+    auto msg = invalid_argument_message([&] {
+      (void)r.gauge_callback("tailbatch_queue_depth", "h", {{"pipeline", "b"}}, [] { return 0.0; });
+    });
+    CHECK(contains(msg, "already registered"));
+    msg = invalid_argument_message([&] { (void)r.gauge("tailbatch_queue_depth", "h", {{"pipeline", "b"}}); });
+    CHECK(contains(msg, "callback gauge"));
+    msg = invalid_argument_message([&] { (void)r.gauge_callback("tailbatch_queue_depth", "h", {{"pipeline", "a"}}, [] { return 0.0; }); });
+    CHECK(contains(msg, "already registered"));
+  }
+  // The handle is gone: the series is gone and the callback is never called again.
+  const int calls_before = calls.load();
+  CHECK(r.prometheus() ==
+        "# HELP tailbatch_queue_depth Requests waiting.\n"
+        "# TYPE tailbatch_queue_depth gauge\n"
+        "tailbatch_queue_depth{pipeline=\"a\"} 1\n");
+  CHECK(calls.load() == calls_before);
+
+  SECTION("a family of callbacks only disappears with its last callback, and comes back") {
+    auto in_flight = r.gauge_callback("tailbatch_in_flight", "In flight.", {}, [] { return 2.0; });
+    CHECK(contains(r.prometheus(), "tailbatch_in_flight 2\n"));
+    in_flight.reset();
+    CHECK(!in_flight);
+    CHECK(!contains(r.prometheus(), "tailbatch_in_flight"));
+    // With the family gone the name is free again, even for another kind.
+    (void)r.histogram("tailbatch_in_flight", "Now a histogram.");
+    CHECK(contains(r.prometheus(), "# TYPE tailbatch_in_flight summary\n"));
+  }
+
+  SECTION("handles move; the moved-from handle unregisters nothing") {
+    tailbatch::CallbackRegistration outer;
+    CHECK(!outer);
+    {
+      auto inner = r.gauge_callback("tailbatch_moved", "h", {}, [] { return 3.0; });
+      outer = std::move(inner);
+      CHECK(!inner);  // NOLINT(bugprone-use-after-move): the moved-from state is specified
+    }
+    CHECK(contains(r.prometheus(), "tailbatch_moved 3\n"));
+    tailbatch::CallbackRegistration other = std::move(outer);
+    CHECK(contains(r.prometheus(), "tailbatch_moved 3\n"));
+    // Move-assigning over a live handle unregisters what it held.
+    other = r.gauge_callback("tailbatch_moved_again", "h", {}, [] { return 4.0; });
+    CHECK(!contains(r.prometheus(), "tailbatch_moved 3\n"));
+    CHECK(contains(r.prometheus(), "tailbatch_moved_again 4\n"));
+  }
+
+  SECTION("a callback that throws reads NaN (null in JSON) and the scrape goes on") {
+    auto bad = r.gauge_callback("tailbatch_broken", "h", {}, []() -> double {
+      throw std::runtime_error("backend gone");
+    });
+    const std::string text = r.prometheus();
+    CHECK(contains(text, "tailbatch_broken NaN\n"));
+    CHECK(contains(text, "tailbatch_queue_depth{pipeline=\"a\"} 1\n"));
+    const Json doc = parse_json(r.json());
+    bool found = false;
+    for (const auto& fam : doc["families"].array) {
+      if (fam["name"].string == "tailbatch_broken") {
+        found = true;
+        CHECK(fam["samples"].array.at(0)["value"].kind == Json::Kind::null);
+      }
+    }
+    CHECK(found);
+  }
+}
+
+TEST_CASE("a callback handle may outlive its registry", "[metrics]") {
+  tailbatch::CallbackRegistration reg;
+  {
+    MetricsRegistry r;
+    reg = r.gauge_callback("g", "h", {}, [] { return 1.0; });
+  }
+  CHECK(static_cast<bool>(reg));
+  reg.reset();  // the registry is gone: nothing to do, nothing to crash
+  CHECK(!reg);
+}
+
+TEST_CASE("the callback's captures are destroyed outside the registry's lock", "[metrics]") {
+  // A capture whose destructor uses the registry would deadlock if it ran under the lock.
+  MetricsRegistry r;
+  struct UsesRegistryOnDestruction {
+    MetricsRegistry* registry = nullptr;
+    ~UsesRegistryOnDestruction() {
+      if (registry != nullptr) registry->counter("destroyed_total", "h").inc();
+    }
+  };
+  auto capture = std::make_shared<UsesRegistryOnDestruction>();
+  capture->registry = &r;
+  auto reg = r.gauge_callback("g", "h", {}, [capture] { return 1.0; });
+  capture.reset();
+  reg.reset();
+  CHECK(r.counter("destroyed_total", "h").value() == 1);
+}
+
+TEST_CASE("json() is valid JSON with the same content as the text format", "[metrics]") {
+  MetricsRegistry r;
+  r.counter("tailbatch_rejected_total", "Rejections by reason.", {{"reason", "queue_full"}}).inc(2);
+  r.counter("tailbatch_rejected_total", "Rejections by reason.", {{"reason", "overloaded"}}).inc(5);
+  r.gauge("tailbatch_batch_size", "Last batch size.").set(16);
+  auto& h = r.histogram("tailbatch_model_seconds", "Model time.\nPer batch.");
+  for (int i = 0; i < 100; ++i) h.record(10ms);
+  auto reg = r.gauge_callback("tailbatch_in_flight", "In flight.", {{"pipeline", "p"}}, [] { return 0.25; });
+
+  const std::string text = r.json();
+  const Json doc = parse_json(text);
+  const auto& families = doc["families"].array;
+  REQUIRE(families.size() == 4);
+  // Sorted by name, as in the text format.
+  CHECK(families[0]["name"].string == "tailbatch_batch_size");
+  CHECK(families[1]["name"].string == "tailbatch_in_flight");
+  CHECK(families[2]["name"].string == "tailbatch_model_seconds");
+  CHECK(families[3]["name"].string == "tailbatch_rejected_total");
+
+  CHECK(families[0]["type"].string == "gauge");
+  CHECK(families[0]["samples"].array.at(0)["value"].number == 16.0);
+  CHECK(families[0]["samples"].array.at(0)["labels"].keys.empty());
+
+  CHECK(families[1]["samples"].array.at(0)["labels"]["pipeline"].string == "p");
+  CHECK(families[1]["samples"].array.at(0)["value"].number == 0.25);
+
+  const Json& summary = families[2];
+  CHECK(summary["type"].string == "summary");
+  CHECK(summary["help"].string == "Model time.\nPer batch.");
+  const Json& s = summary["samples"].array.at(0);
+  CHECK(s["count"].number == 100.0);
+  CHECK(s["sum"].number == Approx(1.0).epsilon(1e-9));
+  const Json& quantiles = s["quantiles"];
+  REQUIRE(quantiles.keys.size() == 5);
+  const char* names[] = {"0.5", "0.9", "0.95", "0.99", "0.999"};
+  for (std::size_t i = 0; i < 5; ++i) {
+    CHECK(quantiles.keys[i] == names[i]);
+    CHECK(quantiles.array[i].number == Approx(0.010).epsilon(0.01));
+  }
+
+  const Json& rejected = families[3];
+  CHECK(rejected["type"].string == "counter");
+  REQUIRE(rejected["samples"].array.size() == 2);
+  CHECK(rejected["samples"].array[0]["labels"]["reason"].string == "overloaded");
+  CHECK(rejected["samples"].array[0]["value"].number == 5.0);
+  CHECK(rejected["samples"].array[1]["labels"]["reason"].string == "queue_full");
+  CHECK(rejected["samples"].array[1]["value"].number == 2.0);
+
+  // Control characters are escaped, never written raw.
+  r.gauge("tailbatch_ctl", "tab\there", {{"v", std::string("nul\x01") + "\x1f"}}).set(1);
+  const Json again = parse_json(r.json());
+  bool found = false;
+  for (const auto& fam : again["families"].array) {
+    if (fam["name"].string == "tailbatch_ctl") {
+      found = true;
+      CHECK(fam["help"].string == "tab\there");
+      CHECK(fam["samples"].array.at(0)["labels"]["v"].string == std::string("nul\x01") + "\x1f");
+    }
+  }
+  CHECK(found);
+  CHECK(contains(r.json(), "\\u0001"));
+}
+
+TEST_CASE("concurrent updates, registrations and scrapes give exact totals", "[metrics][threads]") {
+  const int per_thread = 50000 / tailbatch::test::sanitizer_slowdown;
+  for (const int threads : {1, 2, 3, 7, 16}) {
+    INFO(threads << " threads");
+    MetricsRegistry r;
+    std::atomic<bool> stop{false};
+    std::atomic<int> ready{0};
+    std::atomic<int> malformed{0};  // Catch2 assertions are not thread-safe: count, check later
+
+    // A scraper and a thread that keeps registering and dropping a callback gauge run
+    // alongside the writers.
+    std::thread scraper([&] {
+      while (!stop.load()) {
+        const std::string text = r.prometheus();
+        const std::string json = r.json();
+        if (!(text.empty() || text.back() == '\n') || json.back() != '}') malformed.fetch_add(1);
+      }
+    });
+    std::thread churn([&] {
+      int i = 0;
+      while (!stop.load()) {
+        auto reg = r.gauge_callback("tailbatch_churn", "h", {{"i", std::to_string(i++ % 4)}},
+                                    [&ready] { return static_cast<double>(ready.load()); });
+      }
+    });
+
+    std::vector<std::thread> writers;
+    for (int t = 0; t < threads; ++t) {
+      writers.emplace_back([&, t] {
+        // Every writer registers the same series: all must get the same objects.
+        auto& requests = r.counter("tailbatch_requests_total", "h", {{"status", "ok"}});
+        auto& mine = r.counter("tailbatch_by_thread_total", "h", {{"thread", std::to_string(t)}});
+        auto& in_flight = r.gauge("tailbatch_in_flight", "h");
+        auto& level = r.gauge("tailbatch_level", "h");
+        auto& latency = r.histogram("tailbatch_latency_seconds", "h");
+        ready.fetch_add(1);
+        while (ready.load() < threads) std::this_thread::yield();
+        for (int i = 0; i < per_thread; ++i) {
+          in_flight.add(1);
+          requests.inc();
+          mine.inc(2);
+          latency.record(std::chrono::microseconds(100 + i % 900));
+          in_flight.add(-1);
+          level.add(1);
+        }
+      });
+    }
+    for (auto& w : writers) w.join();
+    stop = true;
+    scraper.join();
+    churn.join();
+    CHECK(malformed.load() == 0);
+
+    const auto total = static_cast<std::uint64_t>(threads) * static_cast<std::uint64_t>(per_thread);
+    CHECK(r.counter("tailbatch_requests_total", "h", {{"status", "ok"}}).value() == total);
+    for (int t = 0; t < threads; ++t) {
+      CHECK(r.counter("tailbatch_by_thread_total", "h", {{"thread", std::to_string(t)}}).value() ==
+            2u * static_cast<std::uint64_t>(per_thread));
+    }
+    CHECK(r.gauge("tailbatch_in_flight", "h").value() == 0.0);
+    CHECK(r.gauge("tailbatch_level", "h").value() == static_cast<double>(total));
+    CHECK(r.histogram("tailbatch_latency_seconds", "h").snapshot().count() == total);
+    const std::string text = r.prometheus();
+    CHECK(sample_value(text, "tailbatch_requests_total{status=\"ok\"}") == static_cast<double>(total));
+    CHECK(sample_value(text, "tailbatch_latency_seconds_count") == static_cast<double>(total));
+    CHECK(!contains(text, "tailbatch_churn"));  // every churned handle unregistered
+  }
+}
+
+TEST_CASE("Little's law: the guide's Example 3 is consistent", "[metrics][littles_law]") {
+  // "Concurrency per instance ≈ throughput × latency ≈ 350 × 0.12 ≈ 42."
+  const auto c = tailbatch::check_littles_law(350.0, 120ms, 42.0);
+  CHECK(c.throughput_per_s == 350.0);
+  CHECK(c.mean_latency == 120ms);
+  CHECK(c.measured_in_flight == 42.0);
+  CHECK(c.threshold == 0.2);
+  CHECK(c.predicted_in_flight == Approx(42.0));
+  CHECK(std::fabs(c.relative_deviation) < 1e-9);
+  CHECK_FALSE(c.hidden_queue_suspected);
+  INFO(c.explanation);
+  CHECK(contains(c.explanation, "consistent"));
+  CHECK(contains(c.explanation, "42"));
+
+  // Measurement noise within the threshold is still consistent: 46 is +9.5 %.
+  CHECK_FALSE(tailbatch::check_littles_law(350.0, 120ms, 46.0).hidden_queue_suspected);
+}
+
+TEST_CASE("Little's law flags a hidden queue in either direction", "[metrics][littles_law]") {
+  SECTION("more in flight than throughput x latency: waiting the latency timer misses") {
+    // 60 in flight at 350/s means 171 ms in the system, but only 120 ms is measured.
+    const auto c = tailbatch::check_littles_law(350.0, 120ms, 60.0);
+    CHECK(c.predicted_in_flight == Approx(42.0));
+    CHECK(c.relative_deviation == Approx(60.0 / 42.0 - 1.0));
+    CHECK(c.hidden_queue_suspected);
+    INFO(c.explanation);
+    CHECK(contains(c.explanation, "hidden queue suspected"));
+    CHECK(contains(c.explanation, "+42.9 %"));
+    CHECK(contains(c.explanation, "before the timer starts"));
+  }
+  SECTION("fewer in flight than predicted: waiting outside the in-flight count") {
+    const auto c = tailbatch::check_littles_law(350.0, 120ms, 30.0);
+    CHECK(c.relative_deviation == Approx(30.0 / 42.0 - 1.0));
+    CHECK(c.hidden_queue_suspected);
+    INFO(c.explanation);
+    CHECK(contains(c.explanation, "-28.6 %"));
+    CHECK(contains(c.explanation, "upstream"));
+  }
+  SECTION("the threshold decides") {
+    // 50 in flight is +19 %: within the default 20 %, beyond a 10 % threshold.
+    CHECK_FALSE(tailbatch::check_littles_law(350.0, 120ms, 50.0).hidden_queue_suspected);
+    CHECK(tailbatch::check_littles_law(350.0, 120ms, 50.0, 0.1).hidden_queue_suspected);
+  }
+  SECTION("nothing completing while requests are in flight is flagged; an idle system is not") {
+    const auto stuck = tailbatch::check_littles_law(0.0, 120ms, 5.0);
+    CHECK(stuck.hidden_queue_suspected);
+    CHECK(std::isinf(stuck.relative_deviation));
+    const auto idle = tailbatch::check_littles_law(0.0, 0ms, 0.0);
+    CHECK_FALSE(idle.hidden_queue_suspected);
+    CHECK(idle.relative_deviation == 0.0);
+  }
+  SECTION("bad inputs throw, naming the field") {
+    CHECK(contains(invalid_argument_message([] { (void)tailbatch::check_littles_law(-1.0, 1ms, 1.0); }),
+                   "throughput_per_s"));
+    CHECK(contains(invalid_argument_message([] { (void)tailbatch::check_littles_law(std::nan(""), 1ms, 1.0); }),
+                   "throughput_per_s"));
+    CHECK(contains(invalid_argument_message([] { (void)tailbatch::check_littles_law(1.0, -1ms, 1.0); }),
+                   "mean_latency"));
+    CHECK(contains(invalid_argument_message([] { (void)tailbatch::check_littles_law(1.0, 1ms, -1.0); }),
+                   "mean_in_flight"));
+    CHECK(contains(invalid_argument_message([] { (void)tailbatch::check_littles_law(1.0, 1ms, 1.0, 0.0); }),
+                   "threshold"));
+    tailbatch::LatencyHistogram h;
+    CHECK(contains(invalid_argument_message([&] { (void)tailbatch::check_littles_law(h.snapshot(), 0ms, 1.0); }),
+                   "window"));
+  }
+}
+
+TEST_CASE("Little's law from a histogram snapshot and an observation window", "[metrics][littles_law]") {
+  // Example 3 again, as a server would measure it: 10 s at 350 completions/s, 120 ms each.
+  MetricsRegistry r;
+  auto& h = r.histogram("tailbatch_end_to_end_seconds", "h");
+  for (int i = 0; i < 3500; ++i) h.record(120ms);
+  const auto snap = h.snapshot();
+  const auto ok = tailbatch::check_littles_law(snap, 10s, 42.0);
+  CHECK(ok.throughput_per_s == Approx(350.0));
+  CHECK(ok.mean_latency.count() == Approx(120e6).epsilon(0.01));
+  CHECK(ok.predicted_in_flight == Approx(42.0).epsilon(0.01));
+  CHECK_FALSE(ok.hidden_queue_suspected);
+  CHECK(tailbatch::check_littles_law(snap, 10s, 60.0).hidden_queue_suspected);
+}
+
+TEST_CASE("windowed histograms: recent quantiles, cumulative count and sum", "[metrics][windowed]") {
+  tailbatch::ManualClock clock;
+  MetricsRegistry r;
+  auto& w = r.windowed_histogram("tailbatch_end_to_end_seconds", "End-to-end latency.", {{"pipeline", "p"}}, 60s,
+                                 6, {}, clock);
+  CHECK(w.window() == 60s);
+  CHECK(w.slots() == 6);
+  const std::string prefix = "tailbatch_end_to_end_seconds";
+  const std::string labels = "{pipeline=\"p\"";
+
+  // Empty: NaN quantiles, zeros.
+  CHECK(std::isnan(sample_value(r.prometheus(), prefix + labels + ",quantile=\"0.99\"}")));
+  CHECK(sample_value(r.prometheus(), prefix + "_count" + labels + "}") == 0.0);
+
+  for (int i = 0; i < 100; ++i) w.record(10ms);
+  std::string text = r.prometheus();
+  CHECK(sample_value(text, prefix + labels + ",quantile=\"0.5\"}") == Approx(0.010).epsilon(0.01));
+  CHECK(sample_value(text, prefix + "_count" + labels + "}") == 100.0);
+  CHECK(sample_value(text, prefix + "_sum" + labels + "}") == Approx(1.0).epsilon(1e-9));
+
+  // Two minutes later the 10 ms samples have left the window; the totals keep them.
+  clock.advance(120s);
+  for (int i = 0; i < 100; ++i) w.record(50ms);
+  text = r.prometheus();
+  for (const char* q : {"0.5", "0.9", "0.99", "0.999"}) {
+    CHECK(sample_value(text, prefix + labels + ",quantile=\"" + q + "\"}") == Approx(0.050).epsilon(0.01));
+  }
+  CHECK(sample_value(text, prefix + "_count" + labels + "}") == 200.0);
+  CHECK(sample_value(text, prefix + "_sum" + labels + "}") == Approx(6.0).epsilon(1e-9));
+  CHECK(w.count() == 200);
+  CHECK(w.snapshot().count() == 100);
+
+  const Json doc = parse_json(r.json());
+  const Json& sample = doc["families"].array.at(0)["samples"].array.at(0);
+  CHECK(sample["count"].number == 200.0);
+  CHECK(sample["quantiles"]["0.5"].number == Approx(0.050).epsilon(0.01));
+
+  // Nothing recorded for a whole window: NaN quantiles again, totals unchanged.
+  clock.advance(61s);
+  text = r.prometheus();
+  CHECK(std::isnan(sample_value(text, prefix + labels + ",quantile=\"0.5\"}")));
+  CHECK(sample_value(text, prefix + "_count" + labels + "}") == 200.0);
+}
+
+TEST_CASE("windowed histograms: duplicate and conflicting registrations", "[metrics][windowed]") {
+  tailbatch::ManualClock clock;
+  MetricsRegistry r;
+  auto& a = r.windowed_histogram("w_seconds", "h", {}, 60s, 6, {}, clock);
+  auto& b = r.windowed_histogram("w_seconds", "h", {}, 60s, 6, {}, clock);
+  CHECK(&a == &b);
+
+  auto msg = invalid_argument_message([&] { (void)r.windowed_histogram("w_seconds", "h", {}, 30s, 6, {}, clock); });
+  CHECK(contains(msg, "different window"));
+  msg = invalid_argument_message([&] { (void)r.windowed_histogram("w_seconds", "h", {}, 60s, 6); });
+  CHECK(contains(msg, "another clock type"));
+  msg = invalid_argument_message([&] { (void)r.histogram("w_seconds", "h"); });
+  CHECK(contains(msg, "windowed histogram"));
+  (void)r.histogram("plain_seconds", "h");
+  msg = invalid_argument_message([&] { (void)r.windowed_histogram("plain_seconds", "h", {}, 60s); });
+  CHECK(contains(msg, "without a window"));
+  msg = invalid_argument_message([&] { (void)r.windowed_histogram("bad_seconds", "h", {}, 0s); });
+  CHECK(contains(msg, "window"));
+  msg = invalid_argument_message([&] { (void)r.windowed_histogram("w_total", "h", {}, 60s); });
+  CHECK(contains(msg, "reserved for counters"));
+  // A windowed and a cumulative series may share a family: both are summaries.
+  CHECK_NOTHROW(r.windowed_histogram("plain_seconds", "h", {{"k", "v"}}, 60s));
+}
+
+TEST_CASE("windowed histograms record from many threads with exact totals", "[metrics][windowed][threads]") {
+  const int per_thread = 20000 / tailbatch::test::sanitizer_slowdown;
+  for (const int threads : {1, 2, 3, 7, 16}) {
+    INFO(threads << " threads");
+    MetricsRegistry r;
+    auto& w = r.windowed_histogram("w_seconds", "h", {}, 600s);
+    std::atomic<bool> stop{false};
+    std::thread scraper([&] {
+      while (!stop.load()) (void)r.prometheus();
+    });
+    std::vector<std::thread> writers;
+    for (int t = 0; t < threads; ++t) {
+      writers.emplace_back([&] {
+        for (int i = 0; i < per_thread; ++i) w.record(1ms);
+      });
+    }
+    for (auto& t : writers) t.join();
+    stop = true;
+    scraper.join();
+    const auto total = static_cast<std::uint64_t>(threads) * static_cast<std::uint64_t>(per_thread);
+    CHECK(w.count() == total);
+    CHECK(w.sum_seconds() == Approx(static_cast<double>(total) * 1e-3).epsilon(1e-9));
+  }
+}
