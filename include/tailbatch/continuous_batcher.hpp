@@ -1,0 +1,749 @@
+// ContinuousBatcher: iteration-level (continuous) batching for generative models.
+//
+// A decode loop keeps a set of active sequences. Between two calls of the user's
+// step(std::span<Sequence>), it retires the sequences that finished, were cancelled or ran
+// past their deadline, and admits waiting ones while the active set stays within
+// max_active and the token budget. Each sequence's tokens reach its caller through a
+// TokenStreamer as the step emits them. This is the scheduling half of what vLLM, TGI and
+// TensorRT-LLM do inside their engines; the model half is the user's step function.
+//
+//   caller ──submit(request)──▶ waiting queue (bounded; FIFO with priority head starts)
+//        ◀── TokenStreamer ───  │ admitted between steps within max_active + token budget
+//                               ▼
+//                  active set ──step(span<Sequence>)──▶ user's engine: prefill chunk or
+//                               ▲                      decode one token; seq.emit(token)
+//                               └── retire: finished / cancelled / deadline / failed
+//
+// Token budget. Each sequence reserves prompt + max_new_tokens tokens of the budget (the
+// KV-cache analogue) from admission to retirement, as TGI's max_batch_total_tokens does, so
+// a running sequence never has to be preempted for lack of room. A sequence whose
+// reservation exceeds the whole budget is rejected at once (RejectReason::too_large).
+//
+// Chunked prefill. With max_step_tokens and/or prefill_chunk set, a step processes at most
+// that many prompt + decode tokens (decoding sequences first, one token each) and at most
+// prefill_chunk prompt tokens per sequence, so that a long prompt is spread over several
+// steps instead of stalling everyone else's next token.
+//
+// Outcomes. Every submitted sequence completes exactly once, through its stream's close:
+// ok (finished, or max_new_tokens reached), rejected (queue_full, too_large,
+// shutting_down), deadline_exceeded (its deadline passed while waiting, or while active:
+// it is retired at the next step boundary, the tokens already emitted stay delivered),
+// cancelled (by its consumer; it leaves the active set before the next step), failed (the
+// step threw, or called seq.fail(); the loop lives on).
+//
+// Threads. Constructing a ContinuousBatcher starts no thread. start() launches the one
+// decode thread it owns, which runs step() and the stream callbacks; shutdown() (or the
+// destructor) stops and joins it. Without start(), the caller drives the loop with
+// step_once() (manual mode: deterministic tests on ManualClock, or a loop the caller owns).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <tailbatch/clock.hpp>
+#include <tailbatch/detail/cbatch_waiting.hpp>
+#include <tailbatch/latency_histogram.hpp>
+#include <tailbatch/metrics.hpp>
+#include <tailbatch/outcome.hpp>
+#include <tailbatch/token_streamer.hpp>
+
+namespace tailbatch {
+
+// The per-sequence state of an engine that keeps none in the batcher.
+struct NoSequenceState {};
+
+// How a ContinuousBatcher schedules. Plain values; checked at construction.
+struct ContinuousBatcherConfig {
+  // Most sequences in the active set (the decode batch). Must be >= 1.
+  std::size_t max_active = 16;
+  // Tokens the active set may reserve: each sequence reserves prompt + max_new_tokens.
+  // Must be >= 1.
+  std::size_t token_budget = 65536;
+  // Most sequences waiting for admission; a submit beyond it is rejected (queue_full).
+  // Must be >= 1.
+  std::size_t max_waiting = 1024;
+  // Most prompt + decode tokens in one step; 0: no limit. Decoding sequences are served
+  // first, so it must be 0 or >= max_active.
+  std::size_t max_step_tokens = 0;
+  // Most prompt tokens of one sequence in one step; 0: the whole rest of the prompt.
+  std::size_t prefill_chunk = 0;
+  // What one priority level is worth in waiting time (see detail/cbatch_waiting.hpp): a
+  // sequence of priority p is served as if it had arrived p * priority_step earlier.
+  // Must be >= 0.
+  std::chrono::nanoseconds priority_step{std::chrono::milliseconds(100)};
+  // How long shutdown() lets active sequences finish before it cancels them. Must be >= 0.
+  std::chrono::nanoseconds drain_timeout{std::chrono::seconds(10)};
+  // Stream options for requests that do not bring their own.
+  StreamOptions stream{};
+  // Where to register metrics (nullptr: none, no cost); must outlive the batcher.
+  MetricsRegistry* metrics = nullptr;
+  // Labels added to every metric this batcher registers (e.g. {{"model", "chat"}}).
+  Labels labels{};
+};
+
+// What one step_once() call did.
+struct StepReport {
+  std::size_t admitted = 0;     // sequences moved from waiting to active
+  std::size_t scheduled = 0;    // sequences handed to step()
+  std::size_t step_tokens = 0;  // prompt + decode tokens in that step
+  std::size_t emitted = 0;      // tokens emitted by the step
+  std::size_t completed = 0;    // sequences completed (any status) during the call
+  bool stepped = false;         // step() was called
+  bool failed = false;          // step() threw
+};
+
+// Totals since construction, read without a lock (each field racy with the others).
+struct ContinuousBatcherStats {
+  std::uint64_t submitted = 0;
+  std::uint64_t admitted = 0;
+  std::uint64_t steps = 0;
+  std::uint64_t tokens = 0;
+  std::uint64_t ok = 0;
+  std::uint64_t rejected = 0;
+  std::uint64_t deadline_exceeded = 0;
+  std::uint64_t cancelled = 0;
+  std::uint64_t failed = 0;
+};
+
+// The continuous batcher. Token: what the engine emits (e.g. std::int32_t). State: per
+// sequence data the engine keeps with it (moved in from the request, handed back in every
+// step). C: the clock that times deadlines, priorities and metrics.
+//
+// Thread-safety: submit(), shutdown(), the observers and stats are thread-safe; step_once()
+// calls are serialized internally (one step at a time) and refused after start().
+// Exceptions: the constructor throws std::invalid_argument naming a bad config field;
+// submit() throws std::invalid_argument for bad stream options and std::bad_alloc, and
+// otherwise reports every outcome through the stream; an exception from step() fails the
+// sequences of that step and is not rethrown.
+template <class Token, class State = NoSequenceState, Clock C = SteadyClock>
+class ContinuousBatcher {
+ public:
+  using token_type = Token;
+  using state_type = State;
+  using clock_type = C;
+  using time_point = typename C::time_point;
+  using duration = typename C::duration;
+  using Stream = TokenStreamer<Token, C>;
+
+  // One generation request.
+  struct Request {
+    std::vector<Token> prompt;
+    std::size_t max_new_tokens = 16;  // the sequence ends ok after this many tokens
+    State state{};                    // handed to the engine as seq.state()
+    int priority = 0;                 // higher is served sooner (see priority_step)
+    time_point deadline = time_point::max();
+    CancellationToken cancel{};
+    std::optional<StreamOptions> stream;  // default: the config's
+  };
+
+  // One sequence as the step function sees it. Valid only during the step() call.
+  // Not thread-safe: the step function may hand sequences to its own threads, one thread
+  // per sequence at a time.
+  class Sequence {
+   public:
+    // Submission order, from 1. Never blocks.
+    [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
+    [[nodiscard]] std::span<const Token> prompt() const noexcept { return prompt_; }
+    [[nodiscard]] int priority() const noexcept { return priority_; }
+    [[nodiscard]] std::size_t max_new_tokens() const noexcept { return max_new_; }
+    [[nodiscard]] time_point deadline() const noexcept { return deadline_; }
+    // Prompt tokens processed by earlier steps.
+    [[nodiscard]] std::size_t prefilled() const noexcept { return prefilled_; }
+    // The prompt tokens to process in this step (empty once the prompt is done).
+    [[nodiscard]] std::span<const Token> prefill_chunk() const noexcept {
+      return std::span<const Token>(prompt_).subspan(prefilled_, chunk_);
+    }
+    // True if the prompt was fully processed before this step: the step feeds the last
+    // emitted token and emits the next one.
+    [[nodiscard]] bool decoding() const noexcept { return prefilled_ == prompt_.size(); }
+    // True if this step should emit a token: decoding, or its prefill chunk ends the prompt.
+    [[nodiscard]] bool emits() const noexcept { return prefilled_ + chunk_ == prompt_.size(); }
+    // Tokens emitted so far.
+    [[nodiscard]] std::size_t generated() const noexcept { return generated_; }
+    // The engine's per-sequence state.
+    [[nodiscard]] State& state() noexcept { return state_; }
+    [[nodiscard]] const State& state() const noexcept { return state_; }
+
+    // Streams one token to the caller (timed for the metrics). Returns false when the
+    // sequence should stop: max_new_tokens reached, cancelled, or its stream refused the
+    // token (closed by a slow consumer or a throwing callback). A token refused or beyond
+    // max_new_tokens is dropped. Never blocks; allocates while the stream buffer grows.
+    bool emit(Token token) noexcept {
+      if (stop_ || generated_ >= max_new_) return false;
+      if (!stream_->push(std::move(token))) {
+        stop_ = true;
+        return false;
+      }
+      ++generated_;
+      ++emitted_in_step_;
+      if (generated_ >= max_new_) stop_ = true;
+      return !stop_;
+    }
+    // Ends the sequence with Status::ok after this step (end of sequence).
+    void finish() noexcept { finished_ = true; }
+    // Ends the sequence with Status::failed and this message after this step; the rest of
+    // the batch is unaffected. Allocates the message.
+    void fail(std::string message) noexcept {
+      try {
+        failure_ = std::move(message);
+      } catch (...) {
+        failure_ = std::string();
+      }
+    }
+
+    Sequence(Sequence&&) noexcept = default;
+    Sequence& operator=(Sequence&&) noexcept = default;
+
+   private:
+    friend class ContinuousBatcher;
+    Sequence() = default;
+
+    std::uint64_t id_ = 0;
+    std::vector<Token> prompt_;
+    std::size_t max_new_ = 0;
+    State state_{};
+    int priority_ = 0;
+    time_point deadline_{};
+    time_point submitted_{};
+    std::shared_ptr<Stream> stream_;
+    std::size_t reserved_ = 0;
+    std::size_t prefilled_ = 0;
+    std::size_t chunk_ = 0;
+    std::size_t generated_ = 0;
+    std::size_t emitted_in_step_ = 0;
+    bool scheduled_ = false;
+    bool stop_ = false;
+    bool finished_ = false;
+    bool retired_ = false;
+    std::optional<std::string> failure_;
+  };
+
+  using StepFn = std::function<void(std::span<Sequence>)>;
+
+  // Validates config (std::invalid_argument naming the field), registers metrics if
+  // config.metrics is set. Starts no thread. Allocates.
+  ContinuousBatcher(ContinuousBatcherConfig config, StepFn step, C clock = C{})
+      : config_(validated(std::move(config))), step_(std::move(step)), clock_(std::move(clock)) {
+    if (!step_) throw std::invalid_argument("ContinuousBatcher: step must be callable");
+    active_.reserve(config_.max_active);
+    if (config_.metrics) register_metrics(*config_.metrics);
+  }
+
+  ContinuousBatcher(const ContinuousBatcher&) = delete;
+  ContinuousBatcher& operator=(const ContinuousBatcher&) = delete;
+
+  // Shuts down (see shutdown()): blocks until every sequence has completed.
+  ~ContinuousBatcher() { shutdown(); }
+
+  // Queues a request and returns its pull-mode stream. Every outcome, rejection included,
+  // arrives through the stream (a rejected stream is closed before submit returns). Never
+  // blocks on the decode loop beyond a short lock. Throws std::invalid_argument if
+  // request.stream is invalid, std::bad_alloc. Thread-safe.
+  [[nodiscard]] std::shared_ptr<Stream> submit(Request request) {
+    return submit_impl(std::move(request), StreamCallbacks<Token>{});
+  }
+
+  // Like submit(request), in callback mode: on_tokens and on_end run on the decode thread
+  // (on the submitting thread for a request rejected at once). The returned stream serves
+  // cancel() and end(). Thread-safe.
+  std::shared_ptr<Stream> submit(Request request, StreamCallbacks<Token> callbacks) {
+    return submit_impl(std::move(request), std::move(callbacks));
+  }
+
+  // Starts the decode thread this batcher owns; it runs until shutdown(). Throws
+  // std::logic_error if already started or shut down, std::system_error if the thread
+  // cannot start. Thread-safe.
+  void start() {
+    std::lock_guard control(control_mutex_);
+    if (thread_.joinable() || started_)
+      throw std::logic_error("ContinuousBatcher: start() called twice");
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_) throw std::logic_error("ContinuousBatcher: start() after shutdown()");
+    }
+    started_ = true;
+    thread_ = std::thread([this] { run(); });
+  }
+
+  // Manual mode: one turn of the loop: retires cancelled and expired sequences, admits
+  // waiting ones, calls step() once if any sequence has work, and retires what finished.
+  // Blocks for the step's duration; allocates only as the active set grows. Throws
+  // std::logic_error after start(). Thread-safe (calls are serialized).
+  StepReport step_once() {
+    {
+      std::lock_guard control(control_mutex_);
+      if (started_) throw std::logic_error("ContinuousBatcher: step_once() is for manual mode; start() was called");
+    }
+    std::lock_guard step_lock(step_mutex_);
+    return turn();
+  }
+
+  // Stops taking requests (later submits are rejected with shutting_down), rejects every
+  // waiting sequence with shutting_down, lets active sequences run until they finish or
+  // drain_timeout passes, then cancels the rest. In threaded mode the decode thread does
+  // this and is joined; in manual mode the calling thread drives the steps. Blocks until
+  // every sequence has completed: bounded by drain_timeout plus one step. Idempotent.
+  // Thread-safe.
+  void shutdown() {
+    {
+      std::lock_guard lock(mutex_);
+      if (!stopping_) {
+        stopping_ = true;
+        drain_deadline_ = saturating_add(clock_.now(), config_.drain_timeout);
+      }
+    }
+    cv_.notify_all();
+    std::lock_guard control(control_mutex_);
+    if (started_) {
+      if (thread_.joinable()) thread_.join();
+      return;
+    }
+    std::lock_guard step_lock(step_mutex_);
+    while (!idle_locked()) (void)turn();
+  }
+
+  // Sequences in the active set. Thread-safe; racy by nature.
+  [[nodiscard]] std::size_t active_approx() const noexcept { return active_count_.load(std::memory_order_relaxed); }
+  // Sequences waiting for admission. Thread-safe; racy by nature.
+  [[nodiscard]] std::size_t waiting_approx() const noexcept { return waiting_count_.load(std::memory_order_relaxed); }
+  // Tokens reserved by the active set. Thread-safe; racy by nature.
+  [[nodiscard]] std::size_t reserved_tokens_approx() const noexcept { return reserved_.load(std::memory_order_relaxed); }
+  // Totals since construction. Thread-safe; racy by nature.
+  [[nodiscard]] ContinuousBatcherStats stats_approx() const noexcept {
+    ContinuousBatcherStats s;
+    s.submitted = submitted_.load(std::memory_order_relaxed);
+    s.admitted = admitted_total_.load(std::memory_order_relaxed);
+    s.steps = steps_.load(std::memory_order_relaxed);
+    s.tokens = tokens_.load(std::memory_order_relaxed);
+    s.ok = by_status_[0].load(std::memory_order_relaxed);
+    s.rejected = by_status_[1].load(std::memory_order_relaxed);
+    s.deadline_exceeded = by_status_[2].load(std::memory_order_relaxed);
+    s.cancelled = by_status_[3].load(std::memory_order_relaxed);
+    s.failed = by_status_[4].load(std::memory_order_relaxed);
+    return s;
+  }
+  [[nodiscard]] const ContinuousBatcherConfig& config() const noexcept { return config_; }
+
+ private:
+  using Waiting = detail::CbatchWaiting<Sequence>;
+
+  static ContinuousBatcherConfig validated(ContinuousBatcherConfig c) {
+    if (c.max_active < 1) throw std::invalid_argument("ContinuousBatcher: max_active must be >= 1");
+    if (c.token_budget < 1) throw std::invalid_argument("ContinuousBatcher: token_budget must be >= 1");
+    if (c.max_waiting < 1) throw std::invalid_argument("ContinuousBatcher: max_waiting must be >= 1");
+    if (c.max_step_tokens != 0 && c.max_step_tokens < c.max_active)
+      throw std::invalid_argument("ContinuousBatcher: max_step_tokens must be 0 or >= max_active");
+    if (c.priority_step < std::chrono::nanoseconds::zero())
+      throw std::invalid_argument("ContinuousBatcher: priority_step must be >= 0");
+    if (c.drain_timeout < std::chrono::nanoseconds::zero())
+      throw std::invalid_argument("ContinuousBatcher: drain_timeout must be >= 0");
+    // Surfaces bad default stream options now rather than at the first submit.
+    c.stream.validate("ContinuousBatcher: stream.");
+    return c;
+  }
+
+  static time_point saturating_add(time_point t, std::chrono::nanoseconds d) noexcept {
+    const auto dd = std::chrono::duration_cast<duration>(d);
+    if (t > time_point::max() - dd) return time_point::max();
+    return t + dd;
+  }
+
+  std::shared_ptr<Stream> submit_impl(Request request, StreamCallbacks<Token> callbacks) {
+    const StreamOptions options = request.stream ? *request.stream : config_.stream;
+    auto stream = std::make_shared<Stream>(options, std::move(callbacks), clock_, request.cancel,
+                                           metrics_.streams_ptr());
+    submitted_.fetch_add(1, std::memory_order_relaxed);
+    const time_point now = clock_.now();
+    const std::size_t reserve = request.prompt.size() + request.max_new_tokens;
+    if (request.max_new_tokens == 0) {
+      complete(*stream, Status::ok, {});
+      return stream;
+    }
+    if (reserve > config_.token_budget || reserve < request.prompt.size()) {
+      complete(*stream, Status::rejected,
+               "ContinuousBatcher: prompt (" + std::to_string(request.prompt.size()) +
+                   ") + max_new_tokens (" + std::to_string(request.max_new_tokens) +
+                   ") exceeds token_budget (" + std::to_string(config_.token_budget) + ")",
+               RejectReason::too_large);
+      return stream;
+    }
+    if (request.deadline <= now) {
+      complete(*stream, Status::deadline_exceeded, "ContinuousBatcher: deadline passed before submission");
+      return stream;
+    }
+
+    Sequence seq;
+    seq.prompt_ = std::move(request.prompt);
+    seq.max_new_ = request.max_new_tokens;
+    seq.state_ = std::move(request.state);
+    seq.priority_ = request.priority;
+    seq.deadline_ = request.deadline;
+    seq.submitted_ = now;
+    seq.stream_ = stream;
+    seq.reserved_ = reserve;
+
+    RejectReason refused = RejectReason::none;
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_) {
+        refused = RejectReason::shutting_down;
+      } else if (waiting_.size() >= config_.max_waiting) {
+        refused = RejectReason::queue_full;
+      } else {
+        seq.id_ = ++next_id_;
+        const detail::CbatchKey key{
+            detail::cbatch_effective_arrival(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
+                seq.priority_, config_.priority_step.count()),
+            seq.id_};
+        waiting_.emplace(key, std::move(seq));
+        waiting_count_.store(waiting_.size(), std::memory_order_relaxed);
+      }
+    }
+    if (refused == RejectReason::shutting_down) {
+      complete(*stream, Status::rejected, "ContinuousBatcher: shutting down", refused);
+    } else if (refused == RejectReason::queue_full) {
+      complete(*stream, Status::rejected,
+               "ContinuousBatcher: waiting queue full (" + std::to_string(config_.max_waiting) + ")",
+               refused, std::chrono::nanoseconds(admit_interval_ns_.load(std::memory_order_relaxed)));
+    } else {
+      cv_.notify_one();
+    }
+    return stream;
+  }
+
+  // Closes a stream (first close wins) and counts how it actually ended.
+  void complete(Stream& stream, Status status, std::string message,
+                RejectReason reason = RejectReason::none,
+                std::chrono::nanoseconds retry_after = std::chrono::nanoseconds{0}) noexcept {
+    (void)stream.close(status, std::move(message), reason, retry_after);
+    count_end(stream);
+  }
+
+  void count_end(const Stream& stream) noexcept {
+    Status s = Status::failed;
+    RejectReason r = RejectReason::none;
+    try {
+      if (auto end = stream.end()) {
+        s = end->status;
+        r = end->reason;
+      }
+    } catch (...) {
+    }
+    by_status_[static_cast<std::size_t>(s)].fetch_add(1, std::memory_order_relaxed);
+    metrics_.count(s, r);
+  }
+
+  bool idle_locked() {
+    std::lock_guard lock(mutex_);
+    return active_.empty() && waiting_.empty();
+  }
+
+  // The decode thread: wait for work, turn, repeat until shut down and drained.
+  void run() {
+    for (;;) {
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !active_.empty(); });
+        if (stopping_ && waiting_.empty() && active_.empty()) return;
+      }
+      try {
+        (void)turn();
+      } catch (...) {
+        // Only allocation failures reach here (step() exceptions are caught in turn());
+        // the loop lives on and tries again.
+        std::this_thread::yield();
+      }
+    }
+  }
+
+  // One turn of the loop. Runs on one thread at a time (the decode thread or a serialized
+  // step_once caller), the only one that touches active_'s contents.
+  StepReport turn() {
+    StepReport report;
+    const time_point now = clock_.now();
+    bool stopping = false;
+    time_point drain_deadline{};
+
+    // 1. Retire active sequences that were cancelled, or ran past their deadline or the
+    //    drain deadline, before they cost another step.
+    {
+      std::lock_guard lock(mutex_);
+      stopping = stopping_;
+      drain_deadline = drain_deadline_;
+    }
+    for (auto& seq : active_) {
+      if (seq.stream_->closed()) {
+        retire(seq, report);
+      } else if (seq.stream_->cancel_requested()) {
+        finish_with(seq, Status::cancelled, "cancelled by the consumer", report);
+      } else if (now >= seq.deadline_) {
+        finish_with(seq, Status::deadline_exceeded,
+                    "deadline passed after " + std::to_string(seq.generated_) + " tokens", report);
+      } else if (stopping && now >= drain_deadline) {
+        finish_with(seq, Status::cancelled, "ContinuousBatcher: shutdown drain timeout", report);
+      }
+    }
+    compact();
+
+    // 2. Drop waiting sequences that were cancelled or expired (or all of them when
+    //    shutting down), and admit in service order while the next one fits.
+    std::vector<Sequence> dropped;
+    {
+      std::lock_guard lock(mutex_);
+      for (auto it = waiting_.begin(); it != waiting_.end();) {
+        Sequence& s = it->second;
+        if (stopping_ || s.stream_->cancel_requested() || now >= s.deadline_) {
+          dropped.push_back(std::move(s));
+          it = waiting_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      std::size_t reserved = reserved_.load(std::memory_order_relaxed);
+      while (!waiting_.empty() && active_.size() < config_.max_active) {
+        auto it = waiting_.begin();
+        // No bypass: if the head does not fit, nothing behind it is admitted either, so a
+        // large sequence is never starved by a stream of small ones.
+        if (reserved + it->second.reserved_ > config_.token_budget) break;
+        reserved += it->second.reserved_;
+        active_.push_back(std::move(it->second));
+        waiting_.erase(it);
+        ++report.admitted;
+      }
+      reserved_.store(reserved, std::memory_order_relaxed);
+      waiting_count_.store(waiting_.size(), std::memory_order_relaxed);
+      active_count_.store(active_.size(), std::memory_order_relaxed);
+    }
+    for (auto& s : dropped) {
+      if (stopping) {
+        complete(*s.stream_, Status::rejected, "ContinuousBatcher: shutting down", RejectReason::shutting_down);
+      } else if (s.stream_->cancel_requested()) {
+        complete(*s.stream_, Status::cancelled, "cancelled by the consumer while waiting");
+      } else {
+        complete(*s.stream_, Status::deadline_exceeded, "deadline passed while waiting");
+      }
+      ++report.completed;
+    }
+    if (report.admitted > 0) note_admissions(report.admitted, now);
+    for (std::size_t i = active_.size() - report.admitted; i < active_.size(); ++i) {
+      metrics_.record_queue_wait(now - active_[i].submitted_);
+    }
+
+    // 3. Plan the step: decoding sequences one token each, then prompt chunks in
+    //    admission order within the step budget.
+    std::size_t decoding = 0;
+    for (auto& s : active_) {
+      s.scheduled_ = false;
+      s.chunk_ = 0;
+      s.emitted_in_step_ = 0;
+      if (s.decoding()) {
+        s.scheduled_ = true;
+        ++decoding;
+      }
+    }
+    std::size_t step_tokens = decoding;
+    std::size_t left = config_.max_step_tokens == 0 ? static_cast<std::size_t>(-1)
+                                                    : config_.max_step_tokens - decoding;
+    for (auto& s : active_) {
+      if (s.decoding() || left == 0) continue;
+      std::size_t chunk = s.prompt_.size() - s.prefilled_;
+      if (config_.prefill_chunk != 0) chunk = std::min(chunk, config_.prefill_chunk);
+      chunk = std::min(chunk, left);
+      s.chunk_ = chunk;
+      s.scheduled_ = true;
+      left -= chunk;
+      step_tokens += chunk;
+    }
+    auto first_idle = std::stable_partition(active_.begin(), active_.end(),
+                                            [](const Sequence& s) { return s.scheduled_; });
+    const auto scheduled = static_cast<std::size_t>(first_idle - active_.begin());
+    if (scheduled == 0) return report;
+
+    // 4. Step.
+    report.stepped = true;
+    report.scheduled = scheduled;
+    report.step_tokens = step_tokens;
+    std::optional<std::string> failure;
+    const time_point step_start = clock_.now();
+    try {
+      step_(std::span<Sequence>(active_.data(), scheduled));
+    } catch (const std::exception& e) {
+      failure = e.what();
+    } catch (...) {
+      failure = "step threw a non-standard exception";
+    }
+    const time_point step_end = clock_.now();
+    steps_.fetch_add(1, std::memory_order_relaxed);
+    metrics_.record_step(step_end - step_start);
+    report.failed = failure.has_value();
+
+    // 5. Retire what finished; everything else stays for the next step.
+    for (std::size_t i = 0; i < scheduled; ++i) {
+      Sequence& s = active_[i];
+      s.prefilled_ += s.chunk_;
+      s.chunk_ = 0;
+      report.emitted += s.emitted_in_step_;
+      if (failure) {
+        finish_with(s, Status::failed, *failure, report);
+      } else if (s.failure_) {
+        finish_with(s, Status::failed, std::move(*s.failure_), report);
+      } else if (s.stream_->closed()) {
+        retire(s, report);
+      } else if (s.stream_->cancel_requested()) {
+        finish_with(s, Status::cancelled, "cancelled by the consumer", report);
+      } else if (s.finished_ || s.generated_ >= s.max_new_) {
+        finish_with(s, Status::ok, {}, report);
+      }
+    }
+    tokens_.fetch_add(report.emitted, std::memory_order_relaxed);
+    compact();
+    return report;
+  }
+
+  void finish_with(Sequence& s, Status status, std::string message, StepReport& report) noexcept {
+    (void)s.stream_->close(status, std::move(message));
+    retire(s, report);
+  }
+
+  void retire(Sequence& s, StepReport& report) noexcept {
+    if (s.retired_) return;
+    s.retired_ = true;
+    count_end(*s.stream_);
+    ++report.completed;
+  }
+
+  void compact() {
+    std::size_t released = 0;
+    for (auto& s : active_)
+      if (s.retired_) released += s.reserved_;
+    if (released == 0) return;
+    std::lock_guard lock(mutex_);
+    std::erase_if(active_, [](const Sequence& s) { return s.retired_; });
+    reserved_.fetch_sub(released, std::memory_order_relaxed);
+    active_count_.store(active_.size(), std::memory_order_relaxed);
+  }
+
+  void note_admissions(std::size_t n, time_point now) noexcept {
+    admitted_total_.fetch_add(n, std::memory_order_relaxed);
+    // The retry_after hint for queue_full: a smoothed interval between admissions, i.e.
+    // how soon a waiting slot tends to free up.
+    if (last_admission_) {
+      const auto gap = std::chrono::duration_cast<std::chrono::nanoseconds>(now - *last_admission_).count() /
+                       static_cast<std::int64_t>(n);
+      const auto old = admit_interval_ns_.load(std::memory_order_relaxed);
+      admit_interval_ns_.store(old == 0 ? gap : (old * 7 + gap) / 8, std::memory_order_relaxed);
+    }
+    last_admission_ = now;
+  }
+
+  // The batcher's registered metrics; everything is a no-op without a registry.
+  struct Metrics {
+    StreamMetrics streams{};
+    bool enabled = false;
+    Counter* by_status[5] = {};
+    Counter* rejected[5] = {};  // indexed by RejectReason
+    Counter* steps = nullptr;
+    LatencyHistogram* step_seconds = nullptr;
+    LatencyHistogram* queue_wait = nullptr;
+    CallbackRegistration active_gauge, waiting_gauge, reserved_gauge;
+
+    const StreamMetrics* streams_ptr() const noexcept { return enabled ? &streams : nullptr; }
+    void count(Status s, RejectReason r) noexcept {
+      if (!enabled) return;
+      by_status[static_cast<std::size_t>(s)]->inc();
+      if (s == Status::rejected && rejected[static_cast<std::size_t>(r)]) rejected[static_cast<std::size_t>(r)]->inc();
+    }
+    template <class D>
+    void record_step(D d) noexcept {
+      if (!enabled) return;
+      steps->inc();
+      step_seconds->record(d);
+    }
+    template <class D>
+    void record_queue_wait(D d) noexcept {
+      if (enabled) queue_wait->record(d);
+    }
+  };
+
+  void register_metrics(MetricsRegistry& r) {
+    const Labels& base = config_.labels;
+    auto with = [&](const char* key, std::string_view value) {
+      Labels l = base;
+      l.emplace_back(key, std::string(value));
+      return l;
+    };
+    metrics_.streams = StreamMetrics::registered(r, base);
+    for (Status s : {Status::ok, Status::rejected, Status::deadline_exceeded, Status::cancelled, Status::failed}) {
+      metrics_.by_status[static_cast<std::size_t>(s)] =
+          &r.counter("tailbatch_generation_sequences_total", "Sequences completed, by status",
+                     with("status", to_string(s)));
+    }
+    for (RejectReason why : {RejectReason::queue_full, RejectReason::shutting_down, RejectReason::too_large}) {
+      metrics_.rejected[static_cast<std::size_t>(why)] =
+          &r.counter("tailbatch_generation_rejected_total", "Sequences rejected, by reason",
+                     with("reason", to_string(why)));
+    }
+    metrics_.steps = &r.counter("tailbatch_generation_steps_total", "Decode steps run", base);
+    metrics_.step_seconds = &r.histogram("tailbatch_generation_step_seconds", "Duration of one step() call", base);
+    metrics_.queue_wait = &r.histogram("tailbatch_generation_queue_wait_seconds",
+                                       "Time from submission to admission into the active set", base);
+    metrics_.active_gauge = r.gauge_callback("tailbatch_generation_active_sequences", "Sequences in the active set",
+                                             base, [this] { return static_cast<double>(active_approx()); });
+    metrics_.waiting_gauge = r.gauge_callback("tailbatch_generation_waiting_sequences",
+                                              "Sequences waiting for admission", base,
+                                              [this] { return static_cast<double>(waiting_approx()); });
+    metrics_.reserved_gauge = r.gauge_callback("tailbatch_generation_reserved_tokens",
+                                               "Token budget reserved by the active set", base,
+                                               [this] { return static_cast<double>(reserved_tokens_approx()); });
+    metrics_.enabled = true;
+  }
+
+  const ContinuousBatcherConfig config_;
+  const StepFn step_;
+  C clock_;
+
+  std::atomic<std::size_t> active_count_{0};
+  std::atomic<std::size_t> waiting_count_{0};
+  std::atomic<std::size_t> reserved_{0};
+  std::atomic<std::uint64_t> submitted_{0};
+  std::atomic<std::uint64_t> admitted_total_{0};
+  std::atomic<std::uint64_t> steps_{0};
+  std::atomic<std::uint64_t> tokens_{0};
+  std::atomic<std::uint64_t> by_status_[5] = {};
+  std::atomic<std::int64_t> admit_interval_ns_{0};
+
+  std::mutex mutex_;  // guards waiting_, stopping_, drain_deadline_, next_id_, active_'s size
+  std::condition_variable cv_;
+  Waiting waiting_;
+  bool stopping_ = false;
+  time_point drain_deadline_ = time_point::max();
+  std::uint64_t next_id_ = 0;
+
+  std::vector<Sequence> active_;  // contents: the stepping thread only
+  std::optional<time_point> last_admission_;
+
+  std::mutex step_mutex_;     // serializes manual step_once() calls
+  std::mutex control_mutex_;  // guards start/shutdown of the thread
+  bool started_ = false;
+  std::thread thread_;
+
+  Metrics metrics_;  // last: its gauge callbacks read the atomics above
+};
+
+}  // namespace tailbatch

@@ -1,0 +1,662 @@
+// ContinuousBatcher: the loop (admit between steps, retire after), the budget, chunked
+// prefill, priorities without starvation, deadlines, every outcome exactly once, a step
+// that throws, shutdown, deterministic manual runs, and a threaded stress test.
+#include <tailbatch/continuous_batcher.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tailbatch_test.hpp"
+
+using namespace std::chrono_literals;
+using tailbatch::ContinuousBatcherConfig;
+using tailbatch::ManualClock;
+using tailbatch::RejectReason;
+using tailbatch::Status;
+
+namespace {
+
+using Batcher = tailbatch::ContinuousBatcher<int, tailbatch::NoSequenceState, ManualClock>;
+using Seq = Batcher::Sequence;
+using Request = Batcher::Request;
+
+// The token a sequence emits: its id and position, so that order and ownership are checked.
+int token_of(const Seq& s) { return static_cast<int>(s.id() * 1000 + s.generated()); }
+
+// A step that emits one token per sequence that should emit, and records what it saw.
+struct Recorder {
+  ManualClock clock;
+  std::chrono::nanoseconds step_time = 1ms;
+  std::vector<std::vector<std::uint64_t>> steps;         // ids per step
+  std::vector<std::size_t> step_tokens;                  // prompt + decode tokens per step
+  std::function<void(std::span<Seq>)> also;              // extra behaviour
+
+  auto fn() {
+    return [this](std::span<Seq> batch) {
+      std::vector<std::uint64_t> ids;
+      std::size_t tokens = 0;
+      for (auto& s : batch) {
+        ids.push_back(s.id());
+        tokens += s.decoding() ? 1 : s.prefill_chunk().size();
+      }
+      steps.push_back(ids);
+      step_tokens.push_back(tokens);
+      clock.advance(step_time);
+      if (also) also(batch);
+      for (auto& s : batch)
+        if (s.emits()) s.emit(token_of(s));
+    };
+  }
+};
+
+Request req(std::size_t prompt, std::size_t max_new, int priority = 0) {
+  Request r;
+  r.prompt.assign(prompt, 1);
+  r.max_new_tokens = max_new;
+  r.priority = priority;
+  return r;
+}
+
+std::vector<int> drain(Batcher::Stream& s) {
+  std::vector<int> out;
+  while (auto t = s.try_next()) out.push_back(*t);
+  return out;
+}
+
+std::vector<int> expected_tokens(std::uint64_t id, std::size_t n) {
+  std::vector<int> v;
+  for (std::size_t i = 0; i < n; ++i) v.push_back(static_cast<int>(id * 1000 + i));
+  return v;
+}
+
+// Steps until nothing is active or waiting (shutdown() would reject the waiting ones).
+void run_all(Batcher& b) {
+  while (b.active_approx() + b.waiting_approx() > 0) (void)b.step_once();
+}
+
+ContinuousBatcherConfig config(std::size_t max_active, std::size_t budget = 1 << 20) {
+  ContinuousBatcherConfig c;
+  c.max_active = max_active;
+  c.token_budget = budget;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("bad configuration throws std::invalid_argument naming the field", "[continuous_batcher]") {
+  auto message = [](ContinuousBatcherConfig c) {
+    try {
+      Batcher b(c, [](std::span<Seq>) {}, ManualClock{});
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  auto c = config(4);
+  c.max_active = 0;
+  CHECK(message(c) == "ContinuousBatcher: max_active must be >= 1");
+  c = config(4, 0);
+  CHECK(message(c) == "ContinuousBatcher: token_budget must be >= 1");
+  c = config(4);
+  c.max_waiting = 0;
+  CHECK(message(c) == "ContinuousBatcher: max_waiting must be >= 1");
+  c = config(4);
+  c.max_step_tokens = 3;
+  CHECK(message(c) == "ContinuousBatcher: max_step_tokens must be 0 or >= max_active");
+  c = config(4);
+  c.priority_step = -1ms;
+  CHECK(message(c) == "ContinuousBatcher: priority_step must be >= 0");
+  c = config(4);
+  c.drain_timeout = -1ms;
+  CHECK(message(c) == "ContinuousBatcher: drain_timeout must be >= 0");
+  c = config(4);
+  c.stream.capacity = 0;
+  CHECK(message(c) == "ContinuousBatcher: stream.capacity must be >= 1");
+  CHECK_THROWS_AS(Batcher(config(4), nullptr, ManualClock{}), std::invalid_argument);
+}
+
+TEST_CASE("sequences decode in one batch; tokens in order, exactly once; each ends ok",
+          "[continuous_batcher]") {
+  Recorder rec;
+  Batcher b(config(8), rec.fn(), rec.clock);
+  auto s1 = b.submit(req(3, 4));
+  auto s2 = b.submit(req(0, 2));
+  auto r = b.step_once();
+  CHECK(r.admitted == 2);
+  CHECK(r.scheduled == 2);
+  CHECK(r.step_tokens == 4);  // 3 prompt tokens + 1 decode token
+  CHECK(r.emitted == 2);      // both emit: s1's prefill ends its prompt, s2 decodes
+  while (b.active_approx() > 0) (void)b.step_once();
+  CHECK(drain(*s1) == expected_tokens(1, 4));
+  CHECK(drain(*s2) == expected_tokens(2, 2));
+  CHECK(s1->done());
+  CHECK(s1->end()->ok());
+  CHECK(s2->end()->ok());
+  CHECK(rec.steps.size() == 4);
+  CHECK(rec.steps[0] == std::vector<std::uint64_t>{1, 2});
+  CHECK(rec.steps[1] == std::vector<std::uint64_t>{1, 2});
+  CHECK(rec.steps[2] == std::vector<std::uint64_t>{1});  // 2 retired after its 2nd token
+  auto st = b.stats_approx();
+  CHECK(st.submitted == 2);
+  CHECK(st.ok == 2);
+  CHECK(st.tokens == 6);
+}
+
+TEST_CASE("the active set stays within max_active; a freed slot is refilled before the next step",
+          "[continuous_batcher]") {
+  Recorder rec;
+  Batcher b(config(2), rec.fn(), rec.clock);
+  auto a = b.submit(req(0, 1));
+  auto c = b.submit(req(0, 3));
+  auto d = b.submit(req(0, 2));
+  CHECK(b.waiting_approx() == 3);
+  (void)b.step_once();
+  CHECK(rec.steps.back() == std::vector<std::uint64_t>{1, 2});
+  (void)b.step_once();  // 1 finished after step 1, so 3 joins 2 at once
+  CHECK(rec.steps.back() == std::vector<std::uint64_t>{2, 3});
+  run_all(b);
+  for (auto& ids : rec.steps) CHECK(ids.size() <= 2);
+  CHECK(drain(*a) == expected_tokens(1, 1));
+  CHECK(drain(*c) == expected_tokens(2, 3));
+  CHECK(drain(*d) == expected_tokens(3, 2));
+}
+
+TEST_CASE("the token budget: reservations bound the active set; too large is rejected at once",
+          "[continuous_batcher]") {
+  Recorder rec;
+  Batcher b(config(8, 100), rec.fn(), rec.clock);
+  auto big = b.submit(req(50, 60));  // 110 > 100: can never run
+  REQUIRE(big->closed());
+  CHECK(big->end()->status == Status::rejected);
+  CHECK(big->end()->reason == RejectReason::too_large);
+  CHECK(big->end()->message.find("token_budget (100)") != std::string::npos);
+
+  auto a = b.submit(req(10, 30));  // reserves 40
+  auto c = b.submit(req(10, 50));  // 100
+  auto d = b.submit(req(10, 30));  // 140 > 100: waits
+  (void)b.step_once();
+  CHECK(b.active_approx() == 2);
+  CHECK(b.reserved_tokens_approx() == 100);
+  CHECK(b.waiting_approx() == 1);
+  while (!a->closed()) (void)b.step_once();
+  CHECK(b.waiting_approx() == 1);
+  (void)b.step_once();
+  CHECK(b.waiting_approx() == 0);
+  CHECK(b.reserved_tokens_approx() == 100);  // d took a's place
+  run_all(b);
+  CHECK(d->end()->ok());
+  CHECK(b.reserved_tokens_approx() == 0);
+}
+
+TEST_CASE("the waiting queue is bounded: queue_full with a retry hint", "[continuous_batcher]") {
+  Recorder rec;
+  auto c = config(1);
+  c.max_waiting = 2;
+  Batcher b(c, rec.fn(), rec.clock);
+  auto a = b.submit(req(0, 1));
+  auto d = b.submit(req(0, 1));
+  auto e = b.submit(req(0, 1));
+  REQUIRE(e->closed());
+  CHECK(e->end()->status == Status::rejected);
+  CHECK(e->end()->reason == RejectReason::queue_full);
+  CHECK_FALSE(a->closed());
+  (void)b.step_once();
+  (void)b.step_once();
+  (void)b.step_once();
+  auto f = b.submit(req(0, 1));
+  auto g = b.submit(req(0, 1));
+  auto h = b.submit(req(0, 1));
+  CHECK(h->end()->reason == RejectReason::queue_full);
+  CHECK(h->end()->retry_after == 1ms);  // one admission per 1 ms step
+  while (!g->closed()) (void)b.step_once();
+  CHECK(f->end()->ok());
+  CHECK(g->end()->ok());
+}
+
+TEST_CASE("chunked prefill: a long prompt does not stall the others' decoding", "[continuous_batcher]") {
+  Recorder rec;
+  auto c = config(4);
+  c.prefill_chunk = 16;
+  c.max_step_tokens = 20;
+  Batcher b(c, rec.fn(), rec.clock);
+  auto d1 = b.submit(req(1, 40));
+  auto d2 = b.submit(req(1, 40));
+  (void)b.step_once();  // both prefill their one-token prompt and emit
+  auto longp = b.submit(req(100, 1));
+  std::size_t steps_until_long = 0;
+  while (!longp->closed()) {
+    auto before1 = d1->tokens_pushed();
+    auto before2 = d2->tokens_pushed();
+    auto r = b.step_once();
+    ++steps_until_long;
+    CHECK(r.step_tokens <= 20);
+    // Every step still advances both decoders by a token.
+    CHECK(d1->tokens_pushed() == before1 + 1);
+    CHECK(d2->tokens_pushed() == before2 + 1);
+  }
+  CHECK(steps_until_long == 7);  // 100 prompt tokens at most 16 per step (18 left beside 2 decoders)
+  CHECK(longp->end()->ok());
+  CHECK(drain(*longp) == expected_tokens(3, 1));
+  b.shutdown();
+}
+
+TEST_CASE("without chunking a long prompt runs in one step", "[continuous_batcher]") {
+  Recorder rec;
+  Batcher b(config(4), rec.fn(), rec.clock);
+  auto d1 = b.submit(req(1, 5));
+  auto longp = b.submit(req(100, 1));
+  auto r = b.step_once();
+  CHECK(r.step_tokens == 101);
+  CHECK(longp->closed());
+  b.shutdown();
+}
+
+TEST_CASE("a cancelled sequence leaves the active set within one step", "[continuous_batcher]") {
+  Recorder rec;
+  Batcher b(config(4), rec.fn(), rec.clock);
+  tailbatch::CancellationSource source;
+  auto r1 = req(0, 100);
+  r1.cancel = source.get_token();
+  auto s1 = b.submit(std::move(r1));
+  auto s2 = b.submit(req(0, 100));
+  (void)b.step_once();
+  (void)b.step_once();
+  CHECK(b.active_approx() == 2);
+  source.request_stop();
+  (void)b.step_once();
+  CHECK(rec.steps.back() == std::vector<std::uint64_t>{2});
+  CHECK(b.active_approx() == 1);
+  CHECK(s1->end()->status == Status::cancelled);
+  CHECK(drain(*s1) == expected_tokens(1, 2));
+
+  s2->cancel();  // cancel() on the stream works the same way
+  auto r = b.step_once();
+  CHECK_FALSE(r.stepped);
+  CHECK(b.active_approx() == 0);
+  CHECK(s2->end()->status == Status::cancelled);
+
+  // Cancelled while waiting: completes at the next turn without ever running.
+  auto c = config(1);
+  Recorder rec2;
+  Batcher b2(c, rec2.fn(), rec2.clock);
+  auto run = b2.submit(req(0, 10));
+  auto wait = b2.submit(req(0, 10));
+  (void)b2.step_once();
+  wait->cancel();
+  (void)b2.step_once();
+  CHECK(wait->end()->status == Status::cancelled);
+  CHECK(wait->end()->tokens == 0);
+  for (auto& ids : rec2.steps) CHECK(std::find(ids.begin(), ids.end(), 2u) == ids.end());
+  run->cancel();
+  b2.shutdown();
+}
+
+TEST_CASE("deadlines: expired while waiting never runs; expired while active is retired",
+          "[continuous_batcher]") {
+  Recorder rec;
+  rec.step_time = 10ms;
+  Batcher b(config(1), rec.fn(), rec.clock);
+  auto r1 = req(0, 100);
+  r1.deadline = rec.clock.now() + 35ms;
+  auto s1 = b.submit(std::move(r1));
+  auto r2 = req(0, 5);
+  r2.deadline = rec.clock.now() + 15ms;
+  auto s2 = b.submit(std::move(r2));
+  while (!s1->closed() || !s2->closed()) (void)b.step_once();
+  CHECK(s2->end()->status == Status::deadline_exceeded);
+  CHECK(s2->end()->tokens == 0);
+  CHECK(s1->end()->status == Status::deadline_exceeded);
+  CHECK(s1->end()->tokens == 4);  // steps at 0, 10, 20, 30 ms; retired at 40 ms
+  CHECK(drain(*s1) == expected_tokens(1, 4));
+
+  auto past = req(0, 1);
+  past.deadline = rec.clock.now();
+  auto s3 = b.submit(std::move(past));
+  CHECK(s3->end()->status == Status::deadline_exceeded);
+}
+
+TEST_CASE("a step that throws fails that step's sequences; the loop lives on", "[continuous_batcher]") {
+  Recorder rec;
+  int calls = 0;
+  rec.also = [&](std::span<Seq>) {
+    if (++calls == 3) throw std::runtime_error("CUDA error: out of memory");
+  };
+  Batcher b(config(4), rec.fn(), rec.clock);
+  auto s1 = b.submit(req(0, 10));
+  auto s2 = b.submit(req(0, 10));
+  (void)b.step_once();
+  (void)b.step_once();
+  auto r = b.step_once();
+  CHECK(r.failed);
+  CHECK(s1->end()->status == Status::failed);
+  CHECK(s1->end()->message == "CUDA error: out of memory");
+  CHECK(s2->end()->status == Status::failed);
+  CHECK(drain(*s1) == expected_tokens(1, 2));
+  auto s3 = b.submit(req(0, 3));
+  while (!s3->closed()) (void)b.step_once();
+  CHECK(s3->end()->ok());
+  CHECK(drain(*s3) == expected_tokens(3, 3));
+}
+
+TEST_CASE("seq.fail() and seq.finish() end one sequence without touching the others",
+          "[continuous_batcher]") {
+  Recorder rec;
+  rec.also = [](std::span<Seq> batch) {
+    for (auto& s : batch) {
+      if (s.id() == 1 && s.generated() == 1) s.fail("bad sequence");
+      if (s.id() == 2 && s.generated() == 2) s.finish();
+    }
+  };
+  Batcher b(config(4), rec.fn(), rec.clock);
+  auto s1 = b.submit(req(0, 10));
+  auto s2 = b.submit(req(0, 10));
+  auto s3 = b.submit(req(0, 4));
+  run_all(b);
+  CHECK(s1->end()->status == Status::failed);
+  CHECK(s1->end()->message == "bad sequence");
+  CHECK(s1->end()->tokens == 2);
+  CHECK(s2->end()->ok());
+  CHECK(s2->end()->tokens == 3);
+  CHECK(s3->end()->ok());
+  CHECK(drain(*s3) == expected_tokens(3, 4));
+}
+
+TEST_CASE("a slow consumer's sequence is stopped and leaves the batch", "[continuous_batcher]") {
+  Recorder rec;
+  auto c = config(4);
+  c.stream.capacity = 3;
+  Batcher b(c, rec.fn(), rec.clock);
+  auto slow = b.submit(req(0, 50));
+  auto fast = b.submit(req(0, 50));
+  int steps = 0;
+  while (!fast->closed()) {
+    (void)b.step_once();
+    drain(*fast);
+    ++steps;
+  }
+  CHECK(slow->end()->status == Status::cancelled);
+  CHECK(slow->end()->tokens == 3);
+  CHECK(fast->end()->ok());
+  CHECK(rec.steps[4] == std::vector<std::uint64_t>{2});  // gone the step after its refused push
+}
+
+TEST_CASE("priorities: higher first, FIFO within a level", "[continuous_batcher]") {
+  Recorder rec;
+  Batcher b(config(1), rec.fn(), rec.clock);
+  auto lo1 = b.submit(req(0, 1, 0));
+  auto lo2 = b.submit(req(0, 1, 0));
+  auto hi = b.submit(req(0, 1, 2));
+  auto mid = b.submit(req(0, 1, 1));
+  run_all(b);
+  std::vector<std::uint64_t> order;
+  for (auto& ids : rec.steps) order.push_back(ids.at(0));
+  CHECK(order == std::vector<std::uint64_t>{3, 4, 1, 2});
+}
+
+TEST_CASE("no starvation: a low-priority sequence under a steady stream of short high-priority ones",
+          "[continuous_batcher]") {
+  Recorder rec;
+  rec.step_time = 10ms;
+  auto c = config(1);
+  c.priority_step = 100ms;
+  c.max_waiting = 100000;
+  Batcher b(c, rec.fn(), rec.clock);
+  auto low = b.submit(req(0, 1, 0));
+  int arrivals = 0;
+  // Each step, one new priority-1 sequence arrives: they alone could keep the batch busy.
+  while (!low->closed() && arrivals < 1000) {
+    (void)b.submit(req(0, 1, 1));
+    ++arrivals;
+    (void)b.step_once();
+  }
+  REQUIRE(low->closed());
+  CHECK(low->end()->ok());
+  // A priority-1 sequence is worth 100 ms of waiting: the low one runs once the newest
+  // arrival is more than 100 ms younger than it, i.e. after about 10 steps of 10 ms.
+  CHECK(arrivals <= 12);
+}
+
+TEST_CASE("no starvation: a large sequence is not bypassed by a stream of small ones",
+          "[continuous_batcher]") {
+  Recorder rec;
+  auto c = config(8, 100);
+  c.max_waiting = 100000;
+  Batcher b(c, rec.fn(), rec.clock);
+  std::vector<std::shared_ptr<Batcher::Stream>> small;
+  for (int i = 0; i < 4; ++i) small.push_back(b.submit(req(0, 20)));
+  (void)b.step_once();
+  auto large = b.submit(req(10, 80));  // needs 90 of the 100: must wait for the budget
+  int steps = 0;
+  while (!large->closed() && steps < 1000) {
+    small.push_back(b.submit(req(0, 20)));
+    (void)b.step_once();
+    ++steps;
+  }
+  REQUIRE(large->closed());
+  CHECK(large->end()->ok());
+  CHECK(steps < 200);
+  run_all(b);
+  for (auto& s : small) CHECK(s->end()->ok());
+}
+
+TEST_CASE("shutdown: waiting rejected, active drained, later submits rejected", "[continuous_batcher]") {
+  Recorder rec;
+  Batcher b(config(1), rec.fn(), rec.clock);
+  auto active = b.submit(req(0, 5));
+  auto waiting = b.submit(req(0, 5));
+  (void)b.step_once();
+  b.shutdown();
+  CHECK(active->end()->ok());
+  CHECK(drain(*active) == expected_tokens(1, 5));
+  CHECK(waiting->end()->status == Status::rejected);
+  CHECK(waiting->end()->reason == RejectReason::shutting_down);
+  auto late = b.submit(req(0, 5));
+  CHECK(late->end()->reason == RejectReason::shutting_down);
+  b.shutdown();  // idempotent
+  auto st = b.stats_approx();
+  CHECK(st.ok + st.rejected + st.cancelled + st.failed + st.deadline_exceeded == st.submitted);
+}
+
+TEST_CASE("shutdown cancels what has not finished by the drain timeout", "[continuous_batcher]") {
+  Recorder rec;
+  rec.step_time = 10ms;
+  auto c = config(2);
+  c.drain_timeout = 50ms;
+  Batcher b(c, rec.fn(), rec.clock);
+  auto s = b.submit(req(0, 1000));
+  (void)b.step_once();
+  b.shutdown();
+  CHECK(s->end()->status == Status::cancelled);
+  CHECK(s->end()->message.find("drain timeout") != std::string::npos);
+  CHECK(s->end()->tokens == 6);
+}
+
+TEST_CASE("manual runs on the manual clock are deterministic", "[continuous_batcher]") {
+  auto run = [] {
+    Recorder rec;
+    auto c = config(3, 200);
+    c.prefill_chunk = 4;
+    c.max_step_tokens = 8;
+    Batcher b(c, rec.fn(), rec.clock);
+    std::vector<std::shared_ptr<Batcher::Stream>> streams;
+    std::uint64_t x = 42;
+    std::vector<std::string> log;
+    for (int i = 0; i < 60; ++i) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      if ((x >> 60) < 10) {
+        auto r = req((x >> 20) % 12, 1 + (x >> 40) % 20, static_cast<int>((x >> 33) % 3));
+        if ((x >> 12) % 7 == 0) r.deadline = rec.clock.now() + std::chrono::milliseconds((x >> 24) % 30);
+        streams.push_back(b.submit(std::move(r)));
+      }
+      auto rep = b.step_once();
+      log.push_back(std::to_string(rep.admitted) + "/" + std::to_string(rep.scheduled) + "/" +
+                    std::to_string(rep.step_tokens) + "/" + std::to_string(rep.completed));
+    }
+    b.shutdown();
+    for (auto& s : streams) {
+      auto e = *s->end();
+      log.push_back(std::string(tailbatch::to_string(e.status)) + ":" + std::to_string(e.tokens));
+    }
+    log.push_back(std::to_string(rec.steps.size()));
+    return log;
+  };
+  auto a = run();
+  auto b = run();
+  CHECK(a == b);
+  CHECK(a.size() > 60);
+}
+
+TEST_CASE("callback-mode requests get their tokens and exactly one end", "[continuous_batcher]") {
+  Recorder rec;
+  Batcher b(config(2), rec.fn(), rec.clock);
+  std::vector<int> got;
+  int ends = 0;
+  tailbatch::StreamCallbacks<int> cb;
+  cb.on_tokens = [&](std::span<const int> t) { got.insert(got.end(), t.begin(), t.end()); };
+  cb.on_end = [&](const tailbatch::StreamEnd& e) {
+    ++ends;
+    CHECK(e.ok());
+  };
+  (void)b.submit(req(2, 4), cb);
+  run_all(b);
+  CHECK(got == expected_tokens(1, 4));
+  CHECK(ends == 1);
+
+  int rejected_ends = 0;
+  tailbatch::StreamCallbacks<int> cb2;
+  cb2.on_end = [&](const tailbatch::StreamEnd& e) {
+    ++rejected_ends;
+    CHECK(e.reason == RejectReason::shutting_down);
+  };
+  b.shutdown();
+  (void)b.submit(req(2, 4), cb2);
+  CHECK(rejected_ends == 1);
+}
+
+TEST_CASE("metrics: statuses, rejections, steps and generation timings", "[continuous_batcher][metrics]") {
+  tailbatch::MetricsRegistry registry;
+  Recorder rec;
+  auto c = config(2, 50);
+  c.metrics = &registry;
+  c.labels = {{"model", "tiny"}};
+  {
+    Batcher b(c, rec.fn(), rec.clock);
+    auto s1 = b.submit(req(0, 3));
+    auto s2 = b.submit(req(0, 100));  // too large
+    (void)b.step_once();
+    auto text = registry.prometheus();
+    CHECK(text.find("tailbatch_generation_active_sequences{model=\"tiny\"} 1") != std::string::npos);
+    b.shutdown();
+  }
+  auto text = registry.prometheus();
+  CHECK(text.find("tailbatch_generation_sequences_total{model=\"tiny\",status=\"ok\"} 1") != std::string::npos);
+  CHECK(text.find("tailbatch_generation_rejected_total{model=\"tiny\",reason=\"too_large\"} 1") !=
+        std::string::npos);
+  CHECK(text.find("tailbatch_generation_steps_total{model=\"tiny\"} 3") != std::string::npos);
+  CHECK(text.find("tailbatch_generation_tokens_total{model=\"tiny\"} 3") != std::string::npos);
+  CHECK(text.find("tailbatch_generation_time_to_first_token_seconds_count{model=\"tiny\"} 1") !=
+        std::string::npos);
+  CHECK(text.find("tailbatch_generation_active_sequences") == std::string::npos);  // unregistered
+}
+
+TEST_CASE("threaded mode: many submitting threads, every sequence exactly once, tokens in order",
+          "[continuous_batcher][stress]") {
+  for (int threads : {1, 2, 3, 7, 16}) {
+    using TBatcher = tailbatch::ContinuousBatcher<int>;
+    auto c = config(8, 400);
+    c.prefill_chunk = 3;
+    c.max_step_tokens = 16;
+    c.max_waiting = 64;
+    std::atomic<int> step_calls{0};
+    TBatcher b(
+        c,
+        [&](std::span<TBatcher::Sequence> batch) {
+          step_calls.fetch_add(1);
+          for (auto& s : batch)
+            if (s.emits()) s.emit(static_cast<int>(s.id() * 1000 + s.generated()));
+        });
+    b.start();
+    const int per_thread = 300 / tailbatch::test::sanitizer_slowdown + 5;
+    std::atomic<int> bad{0};
+    std::mutex m;
+    std::map<Status, int> statuses;
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        std::uint64_t x = static_cast<std::uint64_t>(t) * 7919 + 1;
+        for (int i = 0; i < per_thread; ++i) {
+          x = x * 6364136223846793005ull + 1442695040888963407ull;
+          TBatcher::Request r;
+          r.prompt.assign((x >> 50) % 8, 1);
+          r.max_new_tokens = 1 + (x >> 40) % 12;
+          r.priority = static_cast<int>((x >> 30) % 3);
+          if ((x >> 20) % 5 == 0) r.deadline = std::chrono::steady_clock::now() + std::chrono::microseconds((x >> 8) % 2000);
+          const bool cancel = (x >> 10) % 7 == 0;
+          auto s = b.submit(std::move(r));
+          if (cancel) s->cancel();
+          // Read everything; a sequence's tokens carry its id and consecutive positions.
+          std::vector<int> got;
+          while (auto tok = s->next_for(30s)) got.push_back(*tok);
+          auto end = s->wait_end_for(30s);
+          if (!end || !s->done()) {
+            bad.fetch_add(1);
+            continue;
+          }
+          for (std::size_t k = 0; k < got.size(); ++k)
+            if (got[k] % 1000 != static_cast<int>(k) || got[k] / 1000 != got[0] / 1000) bad.fetch_add(1);
+          if (got.size() != end->tokens) bad.fetch_add(1);
+          std::lock_guard lock(m);
+          ++statuses[end->status];
+        }
+      });
+    }
+    for (auto& p : pool) p.join();
+    b.shutdown();
+    CHECK(bad.load() == 0);
+    int total = 0;
+    for (auto& [s, n] : statuses) total += n;
+    CHECK(total == threads * per_thread);
+    auto st = b.stats_approx();
+    CHECK(st.submitted == static_cast<std::uint64_t>(threads * per_thread));
+    CHECK(st.ok + st.rejected + st.cancelled + st.failed + st.deadline_exceeded == st.submitted);
+    CHECK(statuses[Status::ok] > 0);
+    CHECK(st.failed == 0);
+  }
+}
+
+TEST_CASE("threaded mode: shutdown with work in flight completes everything", "[continuous_batcher][stress]") {
+  for (int round = 0; round < 20 / tailbatch::test::sanitizer_slowdown + 2; ++round) {
+    using TBatcher = tailbatch::ContinuousBatcher<int>;
+    auto c = config(4);
+    c.drain_timeout = 5ms;
+    TBatcher b(c, [](std::span<TBatcher::Sequence> batch) {
+      for (auto& s : batch) s.emit(1);
+      std::this_thread::sleep_for(50us);
+    });
+    b.start();
+    std::vector<std::shared_ptr<TBatcher::Stream>> streams;
+    for (int i = 0; i < 32; ++i) {
+      TBatcher::Request r;
+      r.max_new_tokens = 1000000;
+      streams.push_back(b.submit(std::move(r)));
+    }
+    b.shutdown();
+    for (auto& s : streams) {
+      REQUIRE(s->closed());
+      auto st = s->end()->status;
+      CHECK((st == Status::cancelled || st == Status::rejected));
+    }
+    CHECK_THROWS_AS(b.start(), std::logic_error);
+    CHECK(b.active_approx() == 0);
+  }
+}
