@@ -25,6 +25,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
+#include <cmath>
 #include <chrono>
 #include <concepts>
 #include <condition_variable>
@@ -283,13 +285,19 @@ class Pipeline {
   }
 
   // Manual stepping (no worker threads): forms and runs, in this thread, every batch
-  // that is due at the clock's now(), and says when the next may be due. Returns at once
-  // with nothing done in a Pipeline that has worker threads. Blocks while the model runs;
-  // the model and the completions run in this thread. Thread-safe (calls take turns).
-  PollResult poll() {
+  // that is due at the clock's now() (at most max_batches of them, which lets a test or a
+  // simulation model a busy executor), and says when the next may be due. Requests
+  // cancelled or past their deadline complete here too. Returns at once with nothing
+  // done in a Pipeline that has worker threads. Blocks while the model runs; the model
+  // and the completions run in this thread. Thread-safe (calls take turns).
+  PollResult poll(std::size_t max_batches = std::numeric_limits<std::size_t>::max()) {
     PollResult result;
     if (threaded_) return result;
     for (;;) {
+      if (result.batches >= max_batches) {
+        result.next_due = clock_.now();
+        return result;
+      }
       std::optional<typename Lanes::Lease> lease = lanes_->try_acquire();
       std::unique_lock lead(lead_mu_);
       if (!lease) {
@@ -636,7 +644,7 @@ class Pipeline {
     if (rate <= 0.0) return std::chrono::nanoseconds{0};
     const double depth = static_cast<double>(std::max<std::size_t>(1, queued_mirror_.load(std::memory_order_relaxed)));
     const double seconds = std::min(depth / rate, 60.0);
-    return std::chrono::nanoseconds(static_cast<std::int64_t>(seconds * 1e9));
+    return std::chrono::nanoseconds(std::llround(seconds * 1e9));
   }
 
   static void on_cancel(void* self) noexcept {
