@@ -1,11 +1,12 @@
 // Metrics as a serving loop registers them, and the guide's Little's-law self-check.
 //
 // A small batching server runs for 20 simulated seconds on a ManualClock (so the output is
-// the same on every machine): Poisson arrivals at 350 requests/s, a bounded queue, a 6 ms
+// the same on every run): Poisson arrivals at 350 requests/s, a bounded queue, a 6 ms
 // batch window, up to 32 requests a batch, two model streams taking 18 ms + 2.5 ms per
-// extra request (the guide's exercise). It exports what a real server would: requests by
-// status, rejections by reason, queue depth and in-flight as callback gauges, batch sizes,
-// and latency summaries. At the end it prints the Prometheus text a /metrics handler would
+// extra request (the guide's exercise). It exports the families tailbatch's Pipeline
+// exports: requests by status and reject reason, batches by what closed them, queue depth
+// and in-flight as callback gauges, and latency summaries. At the end it prints the
+// Prometheus text a /metrics handler would
 // serve, then checks Little's law twice: with end-to-end latency (consistent), and with
 // only the model's time, the mistake of starting the timer after the queue, which the
 // check exposes as a hidden queue.
@@ -36,31 +37,35 @@ int main() {
   const tailbatch::Labels labels{{"pipeline", "classifier"}};
   const auto with = [&](const char* k, const char* v) { return tailbatch::join_labels(labels, {{k, v}}); };
 
-  auto& ok = registry.counter("tailbatch_requests_total", "Requests completed, by final status.", with("status", "ok"));
-  auto& rejected = registry.counter("tailbatch_requests_total", "Requests completed, by final status.",
-                                    with("status", "rejected"));
-  auto& queue_full = registry.counter("tailbatch_rejected_total", "Requests rejected, by reason.",
-                                      with("reason", "queue_full"));
-  auto& batches = registry.counter("tailbatch_batches_closed_total", "Batches closed, by what closed the window.",
-                                   with("closed_by", "window"));
-  auto& full_batches = registry.counter("tailbatch_batches_closed_total", "Batches closed, by what closed the window.",
-                                        with("closed_by", "size"));
-  auto& batched = registry.counter("tailbatch_batched_requests_total", "Requests executed in batches.", labels);
-  auto& queue_wait = registry.histogram("tailbatch_queue_wait_seconds",
-                                        "Time from admission until the request's batch closed.", labels);
-  auto& model = registry.histogram("tailbatch_model_seconds", "Duration of the model call, per batch.", labels);
-  auto& end_to_end = registry.histogram("tailbatch_end_to_end_seconds",
-                                        "Time from submit until the result was delivered.", labels);
+  // The families (and help texts) tailbatch's Pipeline exports; see docs/metrics.md.
+  const auto outcome = [&](const char* status, const char* reason) {
+    return tailbatch::join_labels(labels, {{"status", status}, {"reason", reason}});
+  };
+  auto& ok = registry.counter("tailbatch_pipeline_requests_total", "Requests completed, by status and reject reason",
+                              outcome("ok", "none"));
+  auto& queue_full = registry.counter("tailbatch_pipeline_requests_total",
+                                      "Requests completed, by status and reject reason", outcome("rejected", "queue_full"));
+  auto& by_window = registry.counter("tailbatch_pipeline_batches_total", "Batches dispatched, by the reason they closed",
+                                     with("reason", "window"));
+  auto& by_size = registry.counter("tailbatch_pipeline_batches_total", "Batches dispatched, by the reason they closed",
+                                   with("reason", "size"));
+  auto& batched = registry.counter("tailbatch_pipeline_batched_requests_total",
+                                   "Requests executed in batches (padding excluded)", labels);
+  auto& queue_wait = registry.histogram("tailbatch_pipeline_queue_wait_seconds",
+                                        "Time from submit until the request's batch was formed", labels);
+  auto& model = registry.histogram("tailbatch_pipeline_model_seconds", "Time spent in the model call, per batch", labels);
+  auto& end_to_end = registry.histogram("tailbatch_pipeline_end_to_end_seconds",
+                                        "Time from submit until the request completed", labels);
 
   // Queue depth and in-flight are read when scraped, from state the loop owns. A real
   // server's callbacks read its queue's size_approx(); here two atomics stand in.
   std::atomic<int> queued{0};
   std::atomic<int> in_flight{0};
-  const auto depth_gauge = registry.gauge_callback("tailbatch_queue_depth", "Requests waiting in the queue.",
+  const auto depth_gauge = registry.gauge_callback("tailbatch_pipeline_queue_depth", "Requests waiting in the queue",
                                                    labels, [&] { return static_cast<double>(queued.load()); });
-  const auto in_flight_gauge =
-      registry.gauge_callback("tailbatch_in_flight", "Requests admitted and not yet completed.", labels,
-                              [&] { return static_cast<double>(in_flight.load()); });
+  const auto in_flight_gauge = registry.gauge_callback(
+      "tailbatch_pipeline_in_flight", "Requests in batches being executed", labels,
+      [&] { return static_cast<double>(in_flight.load()); });
 
   // --- the serving loop, on simulated time ---------------------------------------------
   constexpr double arrival_rate = 350.0;  // requests per second
@@ -83,7 +88,9 @@ int main() {
   TimePoint next_arrival = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
   std::deque<TimePoint> queue;
   Stream streams[2];
-  double in_flight_sum = 0.0;  // sampled every step: the time-averaged in-flight
+  // Requests in the system (queued + executing), sampled every step: their time average
+  // is the L of Little's law.
+  double in_system_sum = 0.0;
   std::size_t samples = 0;
 
   while (clock.now() - start < duration) {
@@ -98,11 +105,9 @@ int main() {
     }
     while (next_arrival <= now) {  // arrivals: admit or fail fast
       if (queue.size() >= max_queue) {
-        rejected.inc();
         queue_full.inc();
       } else {
         queue.push_back(next_arrival);
-        in_flight.fetch_add(1);
       }
       next_arrival += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
     }
@@ -114,14 +119,15 @@ int main() {
       s.arrivals.assign(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(n));
       queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(n));
       for (const TimePoint a : s.arrivals) queue_wait.record(now - a);
-      (full ? full_batches : batches).inc();
+      (full ? by_size : by_window).inc();
       batched.inc(n);
+      in_flight.fetch_add(static_cast<int>(n));
       model.record(model_time(n));
       s.busy = true;
       s.done = now + model_time(n);
     }
     queued.store(static_cast<int>(queue.size()));
-    in_flight_sum += in_flight.load();
+    in_system_sum += static_cast<double>(queue.size()) + in_flight.load();
     ++samples;
     clock.advance(step);
   }
@@ -130,7 +136,7 @@ int main() {
   fmt::print("{}", registry.prometheus());
 
   // --- the self-check -----------------------------------------------------------------------
-  const double mean_in_flight = in_flight_sum / static_cast<double>(samples);
+  const double mean_in_flight = in_system_sum / static_cast<double>(samples);
   const auto e2e = tailbatch::check_littles_law(end_to_end.snapshot(), duration, mean_in_flight);
   fmt::print("\n# Little's law with end-to-end latency: {}\n", e2e.explanation);
   // The same in-flight against the model's time alone, as if the timer started after the
