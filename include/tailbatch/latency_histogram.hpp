@@ -403,7 +403,17 @@ class LatencyHistogram {
   }
 
   void record_ns(std::uint64_t v) noexcept {
-    if (detail::HistogramShard* s = shard()) [[likely]] {
+    const detail::HistogramCacheEntry& e =
+        detail::histogram_cache.entries[detail::histogram_cache_way(key_)];
+    if (e.key == key_) [[likely]] {
+      e.shard->record(layout_, v);
+      return;
+    }
+    record_slow(v);
+  }
+
+  [[gnu::noinline]] void record_slow(std::uint64_t v) noexcept {
+    if (detail::HistogramShard* s = detail::histogram_thread_shard(core_)) {
       s->record(layout_, v);
     } else {
       core_->record_locked(v);

@@ -46,7 +46,8 @@ class HistogramLayout {
   }
 
   static constexpr std::size_t absolute_index(std::uint64_t v, int bits) noexcept {
-    const int s = static_cast<int>(std::bit_width(v)) - 1 - bits;
+    // v | 1: the same width for every v >= 1, and no zero test in the generated code.
+    const int s = static_cast<int>(std::bit_width(v | 1)) - 1 - bits;
     const int shift = s < 0 ? 0 : s;
     return static_cast<std::size_t>((v >> shift) + (static_cast<std::uint64_t>(shift) << bits));
   }
@@ -68,8 +69,8 @@ class HistogramLayout {
   }
   // The value a slot reports: the middle of the values it stands for (rounded down).
   [[nodiscard]] constexpr std::uint64_t slot_mid(std::size_t slot) const noexcept {
-    const std::size_t i = slot + first_;
-    return absolute_low(i) + (width(i) - 1) / 2;
+    const std::uint64_t low = slot_low(slot);
+    return low + (slot_high(slot) - low) / 2;
   }
 
   [[nodiscard]] constexpr std::size_t size() const noexcept { return size_; }

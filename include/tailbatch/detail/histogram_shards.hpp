@@ -343,12 +343,14 @@ class HistogramThreadShards {
   // anchor address can be reused). Amortised: runs when the list has doubled.
   void prune() noexcept {
     std::size_t kept = 0;
-    for (auto& e : entries_) {
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      Entry& e = entries_[i];
       if (e.core.expired()) {
         auto& slot = histogram_cache.entries[histogram_cache_way(e.anchor.get())];
         if (slot.key == e.anchor.get()) slot = {};
       } else {
-        entries_[kept++] = std::move(e);
+        if (kept != i) entries_[kept] = std::move(e);  // never self-move: it empties a weak_ptr
+        ++kept;
       }
     }
     entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(kept), entries_.end());
