@@ -515,12 +515,9 @@ class ConcurrencyLimiter {
     if (!update.owns_lock()) return;  // another thread is closing it
     Learning& l = *learning_;
     if (now.time_since_epoch().count() < l.due.load(std::memory_order_relaxed)) return;
-    if (l.shards.count_approx() < l.spec.min_samples) {
-      // Too few samples: keep the window open and look again a little later.
-      l.due.store(saturating_deadline(now, l.spec.min_duration / 8).time_since_epoch().count(),
-                  std::memory_order_relaxed);
-      return;
-    }
+    // Too few samples: the window stays open and the next release looks again (the sample
+    // rate is low then, so the extra look costs little).
+    if (l.shards.count_approx() < l.spec.min_samples) return;
     // Draining exchanges every counter with zero while other threads may still add: a sample
     // that races the close lands in this window or the next, never nowhere.
     LimitWindow window(l.window_open, now, limit());
