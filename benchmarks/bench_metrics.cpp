@@ -10,14 +10,13 @@
 // Threaded runs use UseRealTime(), so items_per_second is the aggregate throughput. What
 // this does not show: contention between more threads than the machine has cores, and
 // the cost of a cache miss when a counter is cold (a server touches it once per request).
-#include <tailbatch/metrics.hpp>
-
 #include <benchmark/benchmark.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <tailbatch/metrics.hpp>
 
 namespace {
 
@@ -56,13 +55,18 @@ void BM_Prometheus_Exposition(benchmark::State& state) {
   tailbatch::MetricsRegistry r;
   const tailbatch::Labels p{{"pipeline", "classifier"}};
   for (const char* status : {"ok", "rejected", "deadline_exceeded", "cancelled", "failed"}) {
-    r.counter("tailbatch_requests_total", "Requests by status.", tailbatch::join_labels(p, {{"status", status}})).inc();
+    r.counter("tailbatch_requests_total", "Requests by status.",
+              tailbatch::join_labels(p, {{"status", status}}))
+        .inc();
   }
   for (const char* reason : {"queue_full", "overloaded", "shutting_down", "too_large"}) {
-    r.counter("tailbatch_rejected_total", "Rejections by reason.", tailbatch::join_labels(p, {{"reason", reason}})).inc();
+    r.counter("tailbatch_rejected_total", "Rejections by reason.",
+              tailbatch::join_labels(p, {{"reason", reason}}))
+        .inc();
   }
   for (int size = 1; size <= 32; size *= 2) {
-    r.counter("tailbatch_batches_total", "Batches by size.", tailbatch::join_labels(p, {{"size", std::to_string(size)}}))
+    r.counter("tailbatch_batches_total", "Batches by size.",
+              tailbatch::join_labels(p, {{"size", std::to_string(size)}}))
         .inc();
   }
   auto depth = r.gauge_callback("tailbatch_queue_depth", "Queue depth.", p, [] { return 3.0; });

@@ -12,10 +12,6 @@
 // check exposes as a hidden queue.
 //
 //   $ ./metrics_exposition
-#include <tailbatch/clock.hpp>
-#include <tailbatch/latency_histogram.hpp>
-#include <tailbatch/metrics.hpp>
-
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -25,6 +21,9 @@
 #include <deque>
 #include <random>
 #include <string>
+#include <tailbatch/clock.hpp>
+#include <tailbatch/latency_histogram.hpp>
+#include <tailbatch/metrics.hpp>
 #include <vector>
 
 int main() {
@@ -35,25 +34,33 @@ int main() {
   // --- what a server registers at start-up -------------------------------------------
   tailbatch::MetricsRegistry registry;
   const tailbatch::Labels labels{{"pipeline", "classifier"}};
-  const auto with = [&](const char* k, const char* v) { return tailbatch::join_labels(labels, {{k, v}}); };
+  const auto with = [&](const char* k, const char* v) {
+    return tailbatch::join_labels(labels, {{k, v}});
+  };
 
   // The families (and help texts) tailbatch's Pipeline exports; see docs/metrics.md.
   const auto outcome = [&](const char* status, const char* reason) {
     return tailbatch::join_labels(labels, {{"status", status}, {"reason", reason}});
   };
-  auto& ok = registry.counter("tailbatch_pipeline_requests_total", "Requests completed, by status and reject reason",
-                              outcome("ok", "none"));
+  auto& ok =
+      registry.counter("tailbatch_pipeline_requests_total",
+                       "Requests completed, by status and reject reason", outcome("ok", "none"));
   auto& queue_full = registry.counter("tailbatch_pipeline_requests_total",
-                                      "Requests completed, by status and reject reason", outcome("rejected", "queue_full"));
-  auto& by_window = registry.counter("tailbatch_pipeline_batches_total", "Batches dispatched, by the reason they closed",
-                                     with("reason", "window"));
-  auto& by_size = registry.counter("tailbatch_pipeline_batches_total", "Batches dispatched, by the reason they closed",
-                                   with("reason", "size"));
+                                      "Requests completed, by status and reject reason",
+                                      outcome("rejected", "queue_full"));
+  auto& by_window =
+      registry.counter("tailbatch_pipeline_batches_total",
+                       "Batches dispatched, by the reason they closed", with("reason", "window"));
+  auto& by_size =
+      registry.counter("tailbatch_pipeline_batches_total",
+                       "Batches dispatched, by the reason they closed", with("reason", "size"));
   auto& batched = registry.counter("tailbatch_pipeline_batched_requests_total",
                                    "Requests executed in batches (padding excluded)", labels);
-  auto& queue_wait = registry.histogram("tailbatch_pipeline_queue_wait_seconds",
-                                        "Time from submit until the request's batch was formed", labels);
-  auto& model = registry.histogram("tailbatch_pipeline_model_seconds", "Time spent in the model call, per batch", labels);
+  auto& queue_wait =
+      registry.histogram("tailbatch_pipeline_queue_wait_seconds",
+                         "Time from submit until the request's batch was formed", labels);
+  auto& model = registry.histogram("tailbatch_pipeline_model_seconds",
+                                   "Time spent in the model call, per batch", labels);
   auto& end_to_end = registry.histogram("tailbatch_pipeline_end_to_end_seconds",
                                         "Time from submit until the request completed", labels);
 
@@ -61,11 +68,12 @@ int main() {
   // server's callbacks read its queue's size_approx(); here two atomics stand in.
   std::atomic<int> queued{0};
   std::atomic<int> in_flight{0};
-  const auto depth_gauge = registry.gauge_callback("tailbatch_pipeline_queue_depth", "Requests waiting in the queue",
-                                                   labels, [&] { return static_cast<double>(queued.load()); });
-  const auto in_flight_gauge = registry.gauge_callback(
-      "tailbatch_pipeline_in_flight", "Requests in batches being executed", labels,
-      [&] { return static_cast<double>(in_flight.load()); });
+  const auto depth_gauge =
+      registry.gauge_callback("tailbatch_pipeline_queue_depth", "Requests waiting in the queue",
+                              labels, [&] { return static_cast<double>(queued.load()); });
+  const auto in_flight_gauge =
+      registry.gauge_callback("tailbatch_pipeline_in_flight", "Requests in batches being executed",
+                              labels, [&] { return static_cast<double>(in_flight.load()); });
 
   // --- the serving loop, on simulated time ---------------------------------------------
   constexpr double arrival_rate = 350.0;  // requests per second
@@ -85,7 +93,8 @@ int main() {
   const TimePoint start = clock.now();
   std::mt19937_64 rng(42);
   std::exponential_distribution<double> gap(arrival_rate);
-  TimePoint next_arrival = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
+  TimePoint next_arrival =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
   std::deque<TimePoint> queue;
   Stream streams[2];
   // Requests in the system (queued + executing), sampled every step: their time average
@@ -109,7 +118,8 @@ int main() {
       } else {
         queue.push_back(next_arrival);
       }
-      next_arrival += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
+      next_arrival +=
+          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
     }
     for (auto& s : streams) {  // a free stream takes a batch when it is full or its window expired
       if (s.busy || queue.empty()) continue;
@@ -148,8 +158,10 @@ int main() {
                               static_cast<double>(e2e_snapshot.count());
   const auto timer_after_queue = tailbatch::check_littles_law(
       static_cast<double>(e2e_snapshot.count()) / std::chrono::duration<double>(duration).count(),
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(model_mean_s)),
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::duration<double>(model_mean_s)),
       mean_in_flight);
-  fmt::print("# Little's law with the timer started after the queue: {}\n", timer_after_queue.explanation);
+  fmt::print("# Little's law with the timer started after the queue: {}\n",
+             timer_after_queue.explanation);
   return e2e.hidden_queue_suspected || !timer_after_queue.hidden_queue_suspected ? 1 : 0;
 }

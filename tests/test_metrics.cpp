@@ -1,8 +1,6 @@
 // tailbatch/metrics.hpp: the registry's kinds, labels, validation and escaping, the exact
 // Prometheus text it writes, its JSON, callback gauges, concurrent updates (exact totals,
 // run under TSan in CI), and the Little's-law self-check.
-#include <tailbatch/metrics.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -12,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tailbatch/metrics.hpp>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -111,7 +110,8 @@ class JsonParser {
     throw std::runtime_error(std::string("JSON: ") + what + " at offset " + std::to_string(i_));
   }
   void skip_ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\t' || s_[i_] == '\r')) ++i_;
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\t' || s_[i_] == '\r'))
+      ++i_;
   }
   char peek() {
     if (i_ >= s_.size()) fail("unexpected end");
@@ -203,23 +203,41 @@ class JsonParser {
       const char e = peek();
       ++i_;
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           if (s_.size() - i_ < 4) fail("short \\u escape");
-          const unsigned cp = static_cast<unsigned>(std::stoul(std::string(s_.substr(i_, 4)), nullptr, 16));
+          const unsigned cp =
+              static_cast<unsigned>(std::stoul(std::string(s_.substr(i_, 4)), nullptr, 16));
           i_ += 4;
           if (cp >= 0x80) fail("test parser handles \\u escapes below 0x80 only");
           out += static_cast<char>(cp);
           break;
         }
-        default: fail("bad escape");
+        default:
+          fail("bad escape");
       }
     }
   }
@@ -258,9 +276,10 @@ Json parse_json(const std::string& text) { return JsonParser(text).parse_documen
 
 TEST_CASE("counters and gauges are exposed in the exact 0.0.4 text format", "[metrics]") {
   MetricsRegistry r;
-  auto& ok = r.counter("tailbatch_requests_total", "Requests completed, by status.", {{"status", "ok"}});
-  auto& rejected =
-      r.counter("tailbatch_requests_total", "Requests completed, by status.", {{"status", "rejected"}});
+  auto& ok =
+      r.counter("tailbatch_requests_total", "Requests completed, by status.", {{"status", "ok"}});
+  auto& rejected = r.counter("tailbatch_requests_total", "Requests completed, by status.",
+                             {{"status", "rejected"}});
   auto& depth = r.gauge("tailbatch_queue_depth", "Requests waiting in the queue.");
   auto& rate = r.gauge("tailbatch_tokens_per_second", "Generated tokens per second.");
   ok.inc(3);
@@ -360,7 +379,8 @@ TEST_CASE("registering the same (name, labels) returns the same metric", "[metri
 
   tailbatch::HistogramOptions precise;
   precise.significant_digits = 3;
-  const auto msg = invalid_argument_message([&] { (void)r.histogram("z_seconds", "h", {}, precise); });
+  const auto msg =
+      invalid_argument_message([&] { (void)r.histogram("z_seconds", "h", {}, precise); });
   INFO(msg);
   CHECK(contains(msg, "z_seconds"));
   CHECK(contains(msg, "different HistogramOptions"));
@@ -379,7 +399,9 @@ TEST_CASE("the same name with another kind throws, naming both kinds", "[metrics
   CHECK(contains(msg, "summary"));
 
   (void)r.histogram("tailbatch_wait_seconds", "h");
-  msg = invalid_argument_message([&] { (void)r.gauge("tailbatch_wait_seconds", "h", {{"a", "b"}}); });
+  msg = invalid_argument_message([&] {
+    (void)r.gauge("tailbatch_wait_seconds", "h", {{"a", "b"}});
+  });
   CHECK(contains(msg, "already registered as a summary"));
   msg = invalid_argument_message(
       [&] { (void)r.gauge_callback("tailbatch_wait_seconds", "h", {}, [] { return 1.0; }); });
@@ -409,15 +431,42 @@ TEST_CASE("invalid names, labels and help are rejected and change nothing", "[me
       {[&] { (void)r.histogram("x_bucket", "h"); }, "_sum, _count or _bucket"},
       {[&] { (void)r.gauge("g", ""); }, "non-empty help"},
       {[&] { (void)r.gauge("g", "bad \xff utf-8"); }, "help text that is not valid UTF-8"},
-      {[&] { (void)r.gauge("g", "h", {{"1a", "v"}}); }, "label name \"1a\""},
-      {[&] { (void)r.gauge("g", "h", {{"a-b", "v"}}); }, "label name \"a-b\""},
-      {[&] { (void)r.gauge("g", "h", {{"", "v"}}); }, "label name \"\""},
-      {[&] { (void)r.gauge("g", "h", {{"__name__", "v"}}); }, "reserved"},
-      {[&] { (void)r.gauge("g", "h", {{"a", "1"}, {"a", "2"}}); }, "twice"},
-      {[&] { (void)r.gauge("g", "h", {{"a", "\xc0\xaf"}}); }, "not valid UTF-8"},      // overlong '/'
-      {[&] { (void)r.gauge("g", "h", {{"a", "\xed\xa0\x80"}}); }, "not valid UTF-8"},  // surrogate
-      {[&] { (void)r.gauge("g", "h", {{"a", "\xe2\x82"}}); }, "not valid UTF-8"},      // truncated
-      {[&] { (void)r.histogram("s_seconds", "h", {{"quantile", "0.5"}}); }, "reserved for the quantiles"},
+      {[&] {
+         (void)r.gauge("g", "h", {{"1a", "v"}});
+       },
+       "label name \"1a\""},
+      {[&] {
+         (void)r.gauge("g", "h", {{"a-b", "v"}});
+       },
+       "label name \"a-b\""},
+      {[&] {
+         (void)r.gauge("g", "h", {{"", "v"}});
+       },
+       "label name \"\""},
+      {[&] {
+         (void)r.gauge("g", "h", {{"__name__", "v"}});
+       },
+       "reserved"},
+      {[&] {
+         (void)r.gauge("g", "h", {{"a", "1"}, {"a", "2"}});
+       },
+       "twice"},
+      {[&] {
+         (void)r.gauge("g", "h", {{"a", "\xc0\xaf"}});
+       },
+       "not valid UTF-8"},  // overlong '/'
+      {[&] {
+         (void)r.gauge("g", "h", {{"a", "\xed\xa0\x80"}});
+       },
+       "not valid UTF-8"},  // surrogate
+      {[&] {
+         (void)r.gauge("g", "h", {{"a", "\xe2\x82"}});
+       },
+       "not valid UTF-8"},  // truncated
+      {[&] {
+         (void)r.histogram("s_seconds", "h", {{"quantile", "0.5"}});
+       },
+       "reserved for the quantiles"},
       {[&] { (void)r.gauge_callback("cb", "h", {}, {}); }, "fn is empty"},
       {[&] {
          tailbatch::HistogramOptions bad;
@@ -439,7 +488,8 @@ TEST_CASE("invalid names, labels and help are rejected and change nothing", "[me
 
 TEST_CASE("histograms are exposed as summaries in seconds", "[metrics]") {
   MetricsRegistry r;
-  auto& h = r.histogram("tailbatch_end_to_end_seconds", "End-to-end latency.", {{"pipeline", "p1"}});
+  auto& h =
+      r.histogram("tailbatch_end_to_end_seconds", "End-to-end latency.", {{"pipeline", "p1"}});
 
   SECTION("empty: NaN quantiles, zero sum and count, exact text") {
     CHECK(r.prometheus() ==
@@ -465,7 +515,8 @@ TEST_CASE("histograms are exposed as summaries in seconds", "[metrics]") {
         {"0.5", 0.5}, {"0.9", 0.9}, {"0.95", 0.95}, {"0.99", 0.99}, {"0.999", 0.999}};
     for (const auto& [q, seconds] : expected) {
       const double v = sample_value(
-          text, std::string("tailbatch_end_to_end_seconds{pipeline=\"p1\",quantile=\"") + q + "\"}");
+          text,
+          std::string("tailbatch_end_to_end_seconds{pipeline=\"p1\",quantile=\"") + q + "\"}");
       INFO("quantile " << q << " = " << v);
       // Rank definitions differ by one sample (1 ms) at most; the histogram adds 1 %.
       CHECK(std::fabs(v - seconds) <= 0.011 * seconds + 0.001);
@@ -483,10 +534,11 @@ TEST_CASE("callback gauges are read at exposition and removed by their handle", 
   auto& plain = r.gauge("tailbatch_queue_depth", "Requests waiting.", {{"pipeline", "a"}});
   plain.set(1);
   {
-    auto reg = r.gauge_callback("tailbatch_queue_depth", "Requests waiting.", {{"pipeline", "b"}}, [&] {
-      calls.fetch_add(1);
-      return static_cast<double>(depth.load());
-    });
+    auto reg =
+        r.gauge_callback("tailbatch_queue_depth", "Requests waiting.", {{"pipeline", "b"}}, [&] {
+          calls.fetch_add(1);
+          return static_cast<double>(depth.load());
+        });
     CHECK(static_cast<bool>(reg));
     CHECK(r.prometheus() ==
           "# HELP tailbatch_queue_depth Requests waiting.\n"
@@ -502,9 +554,13 @@ TEST_CASE("callback gauges are read at exposition and removed by their handle", 
       (void)r.gauge_callback("tailbatch_queue_depth", "h", {{"pipeline", "b"}}, [] { return 0.0; });
     });
     CHECK(contains(msg, "already registered"));
-    msg = invalid_argument_message([&] { (void)r.gauge("tailbatch_queue_depth", "h", {{"pipeline", "b"}}); });
+    msg = invalid_argument_message([&] {
+      (void)r.gauge("tailbatch_queue_depth", "h", {{"pipeline", "b"}});
+    });
     CHECK(contains(msg, "callback gauge"));
-    msg = invalid_argument_message([&] { (void)r.gauge_callback("tailbatch_queue_depth", "h", {{"pipeline", "a"}}, [] { return 0.0; }); });
+    msg = invalid_argument_message([&] {
+      (void)r.gauge_callback("tailbatch_queue_depth", "h", {{"pipeline", "a"}}, [] { return 0.0; });
+    });
     CHECK(contains(msg, "already registered"));
   }
   // The handle is gone: the series is gone and the callback is never called again.
@@ -544,9 +600,8 @@ TEST_CASE("callback gauges are read at exposition and removed by their handle", 
   }
 
   SECTION("a callback that throws reads NaN (null in JSON) and the scrape goes on") {
-    auto bad = r.gauge_callback("tailbatch_broken", "h", {}, []() -> double {
-      throw std::runtime_error("backend gone");
-    });
+    auto bad = r.gauge_callback("tailbatch_broken", "h", {},
+                                []() -> double { throw std::runtime_error("backend gone"); });
     const std::string text = r.prometheus();
     CHECK(contains(text, "tailbatch_broken NaN\n"));
     CHECK(contains(text, "tailbatch_queue_depth{pipeline=\"a\"} 1\n"));
@@ -597,7 +652,8 @@ TEST_CASE("json() is valid JSON with the same content as the text format", "[met
   r.gauge("tailbatch_batch_size", "Last batch size.").set(16);
   auto& h = r.histogram("tailbatch_model_seconds", "Model time.\nPer batch.");
   for (int i = 0; i < 100; ++i) h.record(10ms);
-  auto reg = r.gauge_callback("tailbatch_in_flight", "In flight.", {{"pipeline", "p"}}, [] { return 0.25; });
+  auto reg = r.gauge_callback("tailbatch_in_flight", "In flight.", {{"pipeline", "p"}},
+                              [] { return 0.25; });
 
   const std::string text = r.json();
   const Json doc = parse_json(text);
@@ -716,7 +772,8 @@ TEST_CASE("concurrent updates, registrations and scrapes give exact totals", "[m
     CHECK(r.gauge("tailbatch_level", "h").value() == static_cast<double>(total));
     CHECK(r.histogram("tailbatch_latency_seconds", "h").snapshot().count() == total);
     const std::string text = r.prometheus();
-    CHECK(sample_value(text, "tailbatch_requests_total{status=\"ok\"}") == static_cast<double>(total));
+    CHECK(sample_value(text, "tailbatch_requests_total{status=\"ok\"}") ==
+          static_cast<double>(total));
     CHECK(sample_value(text, "tailbatch_latency_seconds_count") == static_cast<double>(total));
     CHECK(!contains(text, "tailbatch_churn"));  // every churned handle unregistered
   }
@@ -774,23 +831,30 @@ TEST_CASE("Little's law flags a hidden queue in either direction", "[metrics][li
     CHECK(idle.relative_deviation == 0.0);
   }
   SECTION("bad inputs throw, naming the field") {
-    CHECK(contains(invalid_argument_message([] { (void)tailbatch::check_littles_law(-1.0, 1ms, 1.0); }),
+    CHECK(contains(
+        invalid_argument_message([] { (void)tailbatch::check_littles_law(-1.0, 1ms, 1.0); }),
+        "throughput_per_s"));
+    CHECK(contains(invalid_argument_message(
+                       [] { (void)tailbatch::check_littles_law(std::nan(""), 1ms, 1.0); }),
                    "throughput_per_s"));
-    CHECK(contains(invalid_argument_message([] { (void)tailbatch::check_littles_law(std::nan(""), 1ms, 1.0); }),
-                   "throughput_per_s"));
-    CHECK(contains(invalid_argument_message([] { (void)tailbatch::check_littles_law(1.0, -1ms, 1.0); }),
-                   "mean_latency"));
-    CHECK(contains(invalid_argument_message([] { (void)tailbatch::check_littles_law(1.0, 1ms, -1.0); }),
-                   "mean_in_flight"));
-    CHECK(contains(invalid_argument_message([] { (void)tailbatch::check_littles_law(1.0, 1ms, 1.0, 0.0); }),
-                   "threshold"));
+    CHECK(contains(
+        invalid_argument_message([] { (void)tailbatch::check_littles_law(1.0, -1ms, 1.0); }),
+        "mean_latency"));
+    CHECK(contains(
+        invalid_argument_message([] { (void)tailbatch::check_littles_law(1.0, 1ms, -1.0); }),
+        "mean_in_flight"));
+    CHECK(contains(
+        invalid_argument_message([] { (void)tailbatch::check_littles_law(1.0, 1ms, 1.0, 0.0); }),
+        "threshold"));
     tailbatch::LatencyHistogram h;
-    CHECK(contains(invalid_argument_message([&] { (void)tailbatch::check_littles_law(h.snapshot(), 0ms, 1.0); }),
+    CHECK(contains(invalid_argument_message(
+                       [&] { (void)tailbatch::check_littles_law(h.snapshot(), 0ms, 1.0); }),
                    "window"));
   }
 }
 
-TEST_CASE("Little's law from a histogram snapshot and an observation window", "[metrics][littles_law]") {
+TEST_CASE("Little's law from a histogram snapshot and an observation window",
+          "[metrics][littles_law]") {
   // Example 3 again, as a server would measure it: 10 s at 350 completions/s, 120 ms each.
   MetricsRegistry r;
   auto& h = r.histogram("tailbatch_end_to_end_seconds", "h");
@@ -804,11 +868,12 @@ TEST_CASE("Little's law from a histogram snapshot and an observation window", "[
   CHECK(tailbatch::check_littles_law(snap, 10s, 60.0).hidden_queue_suspected);
 }
 
-TEST_CASE("windowed histograms: recent quantiles, cumulative count and sum", "[metrics][windowed]") {
+TEST_CASE("windowed histograms: recent quantiles, cumulative count and sum",
+          "[metrics][windowed]") {
   tailbatch::ManualClock clock;
   MetricsRegistry r;
-  auto& w = r.windowed_histogram("tailbatch_end_to_end_seconds", "End-to-end latency.", {{"pipeline", "p"}}, 60s,
-                                 6, {}, clock);
+  auto& w = r.windowed_histogram("tailbatch_end_to_end_seconds", "End-to-end latency.",
+                                 {{"pipeline", "p"}}, 60s, 6, {}, clock);
   CHECK(w.window() == 60s);
   CHECK(w.slots() == 6);
   const std::string prefix = "tailbatch_end_to_end_seconds";
@@ -829,7 +894,8 @@ TEST_CASE("windowed histograms: recent quantiles, cumulative count and sum", "[m
   for (int i = 0; i < 100; ++i) w.record(50ms);
   text = r.prometheus();
   for (const char* q : {"0.5", "0.9", "0.99", "0.999"}) {
-    CHECK(sample_value(text, prefix + labels + ",quantile=\"" + q + "\"}") == Approx(0.050).epsilon(0.01));
+    CHECK(sample_value(text, prefix + labels + ",quantile=\"" + q + "\"}") ==
+          Approx(0.050).epsilon(0.01));
   }
   CHECK(sample_value(text, prefix + "_count" + labels + "}") == 200.0);
   CHECK(sample_value(text, prefix + "_sum" + labels + "}") == Approx(6.0).epsilon(1e-9));
@@ -855,14 +921,16 @@ TEST_CASE("windowed histograms: duplicate and conflicting registrations", "[metr
   auto& b = r.windowed_histogram("w_seconds", "h", {}, 60s, 6, {}, clock);
   CHECK(&a == &b);
 
-  auto msg = invalid_argument_message([&] { (void)r.windowed_histogram("w_seconds", "h", {}, 30s, 6, {}, clock); });
+  auto msg = invalid_argument_message(
+      [&] { (void)r.windowed_histogram("w_seconds", "h", {}, 30s, 6, {}, clock); });
   CHECK(contains(msg, "different window"));
   msg = invalid_argument_message([&] { (void)r.windowed_histogram("w_seconds", "h", {}, 60s, 6); });
   CHECK(contains(msg, "another clock type"));
   msg = invalid_argument_message([&] { (void)r.histogram("w_seconds", "h"); });
   CHECK(contains(msg, "windowed histogram"));
   (void)r.histogram("plain_seconds", "h");
-  msg = invalid_argument_message([&] { (void)r.windowed_histogram("plain_seconds", "h", {}, 60s); });
+  msg =
+      invalid_argument_message([&] { (void)r.windowed_histogram("plain_seconds", "h", {}, 60s); });
   CHECK(contains(msg, "without a window"));
   msg = invalid_argument_message([&] { (void)r.windowed_histogram("bad_seconds", "h", {}, 0s); });
   CHECK(contains(msg, "window"));
@@ -872,7 +940,8 @@ TEST_CASE("windowed histograms: duplicate and conflicting registrations", "[metr
   CHECK_NOTHROW(r.windowed_histogram("plain_seconds", "h", {{"k", "v"}}, 60s));
 }
 
-TEST_CASE("windowed histograms record from many threads with exact totals", "[metrics][windowed][threads]") {
+TEST_CASE("windowed histograms record from many threads with exact totals",
+          "[metrics][windowed][threads]") {
   const int per_thread = 20000 / tailbatch::test::sanitizer_slowdown;
   for (const int threads : {1, 2, 3, 7, 16}) {
     INFO(threads << " threads");

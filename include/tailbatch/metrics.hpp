@@ -30,14 +30,13 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
-#include <utility>
-#include <vector>
-
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/metrics_text.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/latency_histogram.hpp>
+#include <thread>
+#include <utility>
+#include <vector>
 
 namespace tailbatch {
 
@@ -65,7 +64,8 @@ inline constexpr std::size_t metrics_cache_line = 64;
 // (whose access costs a call inside a shared library) and no global state; two threads
 // may share a stripe, which costs speed, never correctness.
 [[nodiscard]] inline std::size_t counter_stripe_index() noexcept {
-  const auto h = static_cast<std::uint64_t>(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+  const auto h =
+      static_cast<std::uint64_t>(std::hash<std::thread::id>{}(std::this_thread::get_id()));
   // Fibonacci hashing: the top bits of h * 2^64/phi depend on every bit of h.
   return static_cast<std::size_t>((h * 0x9E3779B97F4A7C15ull) >> 60);
 }
@@ -170,8 +170,8 @@ class WindowedHistogram final : public detail::WindowedSource {
   // Quantiles over the last `window`, kept in `slots` rotating LatencyHistograms (see
   // RollingHistogram, whose arguments these are). Allocates every slot. Throws
   // std::invalid_argument naming the bad field.
-  explicit WindowedHistogram(std::chrono::nanoseconds window, int slots = 10, HistogramOptions options = {},
-                             C clock = C{})
+  explicit WindowedHistogram(std::chrono::nanoseconds window, int slots = 10,
+                             HistogramOptions options = {}, C clock = C{})
       : rolling_(window, slots, options, std::move(clock)), requested_window_(window) {}
 
   // Records one value into the window and the totals (a negative or NaN duration counts
@@ -281,9 +281,12 @@ enum class MetricKind : std::uint8_t { counter, gauge, summary };
 
 [[nodiscard]] inline const char* metric_kind_name(MetricKind k) noexcept {
   switch (k) {
-    case MetricKind::counter: return "counter";
-    case MetricKind::gauge: return "gauge";
-    case MetricKind::summary: return "summary";
+    case MetricKind::counter:
+      return "counter";
+    case MetricKind::gauge:
+      return "gauge";
+    case MetricKind::summary:
+      return "summary";
   }
   return "untyped";
 }
@@ -332,7 +335,7 @@ struct MetricFamily {
 // handle outliving its registry is harmless.
 struct MetricsState {
   mutable std::shared_mutex mutex;
-  std::map<std::string, MetricFamily, std::less<>> families;  // sorted: stable output
+  std::map<std::string, MetricFamily, std::less<>> families;               // sorted: stable output
   std::map<std::uint64_t, std::pair<std::string, std::string>> callbacks;  // id -> family, key
   std::uint64_t next_callback_id = 1;
 
@@ -387,10 +390,10 @@ inline void CallbackRegistration::reset() noexcept {
 // The registry: where components register their metrics and where the server's /metrics
 // handler reads them.
 //
-// Registering (counter(), gauge(), histogram(), gauge_callback()) takes an exclusive lock
-// and allocates; do it at construction, not per request. Updating a returned metric takes
-// no lock. Exposition takes a shared lock: scrapes run concurrently with each other and
-// with updates. Returned references stay valid for the registry's lifetime.
+// Registering (counter(), gauge(), histogram(), windowed_histogram(), gauge_callback())
+// takes an exclusive lock and allocates; do it at construction, not per request. Updating a
+// returned metric takes no lock. Exposition takes a shared lock: scrapes run concurrently with each
+// other and with updates. Returned references stay valid for the registry's lifetime.
 //
 // Validation (each failure throws std::invalid_argument naming the metric and the rule):
 // metric names follow [a-zA-Z_][a-zA-Z0-9_]* (no colons: Prometheus reserves them for
@@ -459,7 +462,9 @@ class MetricsRegistry {
     auto prepared = prepare(detail::MetricKind::summary, name, help, std::move(labels));
     {
       std::unique_lock lock(state_->mutex);
-      if (auto* s = find_series(detail::MetricKind::summary, name, prepared.key)) return existing_histogram(*s, name, prepared.key, options);
+      if (auto* s = find_series(detail::MetricKind::summary, name, prepared.key)) {
+        return existing_histogram(*s, name, prepared.key, options);
+      }
     }
     // Built outside the lock: constructing a histogram allocates its shards.
     detail::MetricSeries series;
@@ -481,24 +486,30 @@ class MetricsRegistry {
   // histogram() one; the clock of the first registration is kept. Otherwise as
   // histogram(). Thread-safe.
   template <Clock C = SteadyClock>
-  WindowedHistogram<C>& windowed_histogram(std::string_view name, std::string_view help, Labels labels,
-                                           std::chrono::nanoseconds window, int slots = 10,
-                                           HistogramOptions options = {}, C clock = C{}) {
+  WindowedHistogram<C>& windowed_histogram(std::string_view name, std::string_view help,
+                                           Labels labels, std::chrono::nanoseconds window,
+                                           int slots = 10, HistogramOptions options = {},
+                                           C clock = C{}) {
     auto prepared = prepare(detail::MetricKind::summary, name, help, std::move(labels));
     const auto existing = [&](detail::MetricSeries& s) -> WindowedHistogram<C>& {
-      if (!s.windowed) fail(name, prepared.key, "is already registered by histogram(), without a window");
+      if (!s.windowed)
+        fail(name, prepared.key, "is already registered by histogram(), without a window");
       if (s.windowed_clock != &detail::windowed_clock_tag<C>) {
-        fail(name, prepared.key, "is already registered as a windowed histogram with another clock type");
+        fail(name, prepared.key,
+             "is already registered as a windowed histogram with another clock type");
       }
       auto& w = static_cast<WindowedHistogram<C>&>(*s.windowed);
-      if (w.window() != window || w.slots() != slots || !detail::same_histogram_options(w.options(), options)) {
-        fail(name, prepared.key, "is already registered with a different window, slot count or HistogramOptions");
+      if (w.window() != window || w.slots() != slots ||
+          !detail::same_histogram_options(w.options(), options)) {
+        fail(name, prepared.key,
+             "is already registered with a different window, slot count or HistogramOptions");
       }
       return w;
     };
     {
       std::unique_lock lock(state_->mutex);
-      if (auto* s = find_series(detail::MetricKind::summary, name, prepared.key)) return existing(*s);
+      if (auto* s = find_series(detail::MetricKind::summary, name, prepared.key))
+        return existing(*s);
     }
     detail::MetricSeries series;  // built outside the lock: it allocates every slot
     auto owned = std::make_unique<WindowedHistogram<C>>(window, slots, options, std::move(clock));
@@ -535,7 +546,8 @@ class MetricsRegistry {
     const std::uint64_t id = state_->next_callback_id;
     series.callback_id = id;
     // The id map entry first: if inserting the series fails, it is erased again.
-    auto cb = state_->callbacks.emplace(id, std::make_pair(std::string(name), std::move(key))).first;
+    auto cb =
+        state_->callbacks.emplace(id, std::make_pair(std::string(name), std::move(key))).first;
     CallbackMapGuard guard{state_->callbacks, cb};
     insert_series(detail::MetricKind::gauge, name, help, std::move(prepared), std::move(series));
     guard.dismissed = true;
@@ -690,7 +702,8 @@ class MetricsRegistry {
     }
   };
 
-  [[noreturn]] static void fail(std::string_view name, std::string_view key, std::string_view what) {
+  [[noreturn]] static void fail(std::string_view name, std::string_view key,
+                                std::string_view what) {
     std::string msg = "MetricsRegistry: \"";
     msg += name;
     if (!key.empty()) {
@@ -719,7 +732,8 @@ class MetricsRegistry {
       fail(name, {}, "must not end in _total: the suffix is reserved for counters");
     }
     if (ends_with(name, "_sum") || ends_with(name, "_count") || ends_with(name, "_bucket")) {
-      fail(name, {}, "must not end in _sum, _count or _bucket: those name summary and histogram samples");
+      fail(name, {},
+           "must not end in _sum, _count or _bucket: those name summary and histogram samples");
     }
     if (help.empty()) fail(name, {}, "needs a non-empty help text");
     if (!detail::is_valid_utf8(help)) fail(name, {}, "has a help text that is not valid UTF-8");
@@ -730,7 +744,8 @@ class MetricsRegistry {
     for (std::size_t i = 0; i < labels.size(); ++i) {
       const auto& [label, value] = labels[i];
       if (!detail::is_label_name(label)) {
-        fail(name, {}, "has label name \"" + label + "\", which is not valid: use [a-zA-Z_][a-zA-Z0-9_]*");
+        fail(name, {},
+             "has label name \"" + label + "\", which is not valid: use [a-zA-Z_][a-zA-Z0-9_]*");
       }
       if (label.size() >= 2 && label[0] == '_' && label[1] == '_') {
         fail(name, {}, "has label name \"" + label + "\": names starting with __ are reserved");
@@ -793,13 +808,15 @@ class MetricsRegistry {
     }
     FamilyGuard guard{families, fam, created};
     series.labels = std::move(prepared.labels);
-    auto& inserted = fam->second.series.emplace(std::move(prepared.key), std::move(series)).first->second;
+    auto& inserted =
+        fam->second.series.emplace(std::move(prepared.key), std::move(series)).first->second;
     guard.armed = false;
     return inserted;
   }
 
   static LatencyHistogram& existing_histogram(detail::MetricSeries& s, std::string_view name,
-                                              const std::string& key, const HistogramOptions& options) {
+                                              const std::string& key,
+                                              const HistogramOptions& options) {
     if (!s.histogram) fail(name, key, "is already registered as a windowed histogram");
     if (!detail::same_histogram_options(s.histogram->options(), options)) {
       fail(name, key, "is already registered with different HistogramOptions");
@@ -952,8 +969,8 @@ struct LittlesLawCheck {
   const auto n = latencies.count();
   const double throughput = static_cast<double>(n) / std::chrono::duration<double>(window).count();
   const auto mean = n == 0 ? std::chrono::nanoseconds::zero()
-                           : std::chrono::nanoseconds(static_cast<std::int64_t>(
-                                 std::llround(latencies.sum_seconds() * 1e9 / static_cast<double>(n))));
+                           : std::chrono::nanoseconds(static_cast<std::int64_t>(std::llround(
+                                 latencies.sum_seconds() * 1e9 / static_cast<double>(n))));
   return check_littles_law(throughput, mean, mean_in_flight, threshold);
 }
 
