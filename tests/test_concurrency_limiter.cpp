@@ -853,3 +853,47 @@ TEST_CASE("overload: 3x capacity keeps admitted p95 within the SLO, queues bound
     CHECK(r.rejected > r.offered / 2);
   }
 }
+
+// --- metrics ---------------------------------------------------------------------------------
+
+TEST_CASE("metrics: limit, in-flight, queued and rejections by reason", "[limiter][metrics]") {
+  tailbatch::MetricsRegistry registry;
+  ManualClock clock;
+  {
+    ConcurrencyLimiter<AimdLimit, ManualClock> lim(
+        AimdLimit(AimdConfig{
+            .initial_limit = 1, .min_limit = 1, .window = 10ms, .min_window_samples = 1}),
+        LimiterOptions{
+            .max_queued = 0, .metrics = &registry, .metric_labels = {{"pipeline", "classifier"}}},
+        clock);
+    auto a = std::move(lim.try_acquire()).value();
+    CHECK_FALSE(lim.try_acquire().ok());
+    CHECK_FALSE(lim.try_admit().has_value());
+    CHECK(lim.acquire_for(1s).reason() == RejectReason::overloaded);  // max_queued = 0
+    clock.advance(20ms);
+    a.success();  // closes a window: mean RTT 20 ms, limit 1 -> 2
+    const auto text = registry.prometheus();
+    CAPTURE(text);
+    CHECK(text.find("tailbatch_limiter_limit{pipeline=\"classifier\"} 2") != std::string::npos);
+    CHECK(text.find("tailbatch_limiter_max_limit{pipeline=\"classifier\"} 200") !=
+          std::string::npos);
+    CHECK(text.find("tailbatch_limiter_in_flight{pipeline=\"classifier\"} 0") != std::string::npos);
+    CHECK(text.find("tailbatch_limiter_queued{pipeline=\"classifier\"} 0") != std::string::npos);
+    CHECK(text.find("tailbatch_limiter_rejections_total{pipeline=\"classifier\",reason="
+                    "\"overloaded\"} 3") != std::string::npos);
+    CHECK(text.find("tailbatch_limiter_rejections_total{pipeline=\"classifier\",reason=\"queue_"
+                    "full\"} 0") != std::string::npos);
+    CHECK(text.find("tailbatch_limiter_window_rtt_seconds{pipeline=\"classifier\"} 0.02") !=
+          std::string::npos);
+    auto b = std::move(lim.try_acquire()).value();
+    CHECK(registry.prometheus().find("tailbatch_limiter_in_flight{pipeline=\"classifier\"} 1") !=
+          std::string::npos);
+  }
+  // The limiter is gone: its gauges went with it, the counters stay.
+  const auto after = registry.prometheus();
+  CHECK(after.find("tailbatch_limiter_in_flight") == std::string::npos);
+  CHECK(after.find("tailbatch_limiter_rejections_total") != std::string::npos);
+  // A static limiter has no window RTT gauge.
+  ConcurrencyLimiter<> plain(StaticLimit{5}, LimiterOptions{.metrics = &registry});
+  CHECK(registry.prometheus().find("tailbatch_limiter_limit 5") != std::string::npos);
+}

@@ -20,6 +20,8 @@
 // can use it as its admission stage.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cassert>
 #include <chrono>
@@ -29,13 +31,16 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <tailbatch/admission.hpp>
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/limiter_window.hpp>
 #include <tailbatch/limit_algorithms.hpp>
+#include <tailbatch/metrics.hpp>
 #include <tailbatch/outcome.hpp>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace tailbatch {
 
@@ -53,6 +58,20 @@ struct LimiterOptions {
   // rejected with RejectReason::queue_full. Zero: no waiting at all (those calls behave like
   // try_acquire()).
   std::uint32_t max_queued = 1024;
+  // Metrics, registered at construction with metric_labels added to each; nullptr: none,
+  // at no cost. The registry must outlive the limiter.
+  //   tailbatch_limiter_limit            gauge    the limit in force
+  //   tailbatch_limiter_max_limit        gauge    the largest limit the algorithm can set
+  //   tailbatch_limiter_in_flight        gauge    permits held
+  //   tailbatch_limiter_queued           gauge    callers waiting in acquire_for/until
+  //   tailbatch_limiter_rejections_total counter  by reason: overloaded, queue_full,
+  //                                               shutting_down
+  //   tailbatch_limiter_window_rtt_seconds gauge  mean RTT of the last closed sample window
+  //                                               (learning algorithms only)
+  // Gauges are computed when the registry is read; only a rejection touches a counter, so
+  // admitted work pays nothing for metrics.
+  MetricsRegistry* metrics = nullptr;
+  Labels metric_labels{};
 };
 
 // Caps in-flight work at a limit chosen by Algorithm, reading time from C.
@@ -62,7 +81,8 @@ struct LimiterOptions {
 // and std::bad_alloc; every other member is noexcept. Blocking: only acquire_for(),
 // acquire_until() and close() block (on the waiter mutex, and acquire_* until a permit or
 // the deadline). Allocation: once, at construction, for the sample windows of learning
-// algorithms (about 8 KiB); never afterwards.
+// algorithms (about 8 KiB) and, with LimiterOptions::metrics, to register metrics; never
+// afterwards.
 //
 // Lifetime: the limiter must outlive its permits. Not copyable, not movable (permits point
 // at it).
@@ -152,7 +172,8 @@ class ConcurrencyLimiter {
   using Ticket = Permit;
 
   // A limiter starting at algorithm.limit(). Allocates the sample windows when the algorithm
-  // learns. Throws std::bad_alloc.
+  // learns, and registers metrics when options.metrics is set. Throws std::bad_alloc, and
+  // std::invalid_argument for metric labels the registry refuses.
   explicit ConcurrencyLimiter(Algorithm algorithm, LimiterOptions options = {}, C clock = C{})
       : options_(options), clock_(std::move(clock)), algorithm_(std::move(algorithm)) {
     max_limit_ = clamp_limit(algorithm_.max_limit());
@@ -161,6 +182,7 @@ class ConcurrencyLimiter {
       learning_ = std::make_unique<Learning>();
       open_window(clock_.now());
     }
+    if (options_.metrics != nullptr) register_metrics(*options_.metrics);
   }
 
   ConcurrencyLimiter(const ConcurrencyLimiter&) = delete;
@@ -398,7 +420,38 @@ class ConcurrencyLimiter {
                                                    : RejectReason::overloaded;
   }
   void count_rejection(RejectReason reason) noexcept {
-    rejections_[static_cast<std::size_t>(reason)].fetch_add(1, std::memory_order_relaxed);
+    const auto i = static_cast<std::size_t>(reason);
+    rejections_[i].fetch_add(1, std::memory_order_relaxed);
+    if (rejection_counters_[i] != nullptr) rejection_counters_[i]->inc();
+  }
+
+  void register_metrics(MetricsRegistry& r) {
+    const Labels& base = options_.metric_labels;
+    for (auto reason :
+         {RejectReason::overloaded, RejectReason::queue_full, RejectReason::shutting_down}) {
+      rejection_counters_[static_cast<std::size_t>(reason)] =
+          &r.counter("tailbatch_limiter_rejections_total",
+                     "Acquisitions the concurrency limiter refused, by reason",
+                     join_labels(base, {{"reason", std::string(to_string(reason))}}));
+    }
+    gauges_.push_back(r.gauge_callback("tailbatch_limiter_limit", "The concurrency limit in force",
+                                       base, [this] { return static_cast<double>(limit()); }));
+    gauges_.push_back(r.gauge_callback("tailbatch_limiter_max_limit",
+                                       "The largest concurrency limit the algorithm can set", base,
+                                       [this] { return static_cast<double>(max_limit()); }));
+    gauges_.push_back(r.gauge_callback("tailbatch_limiter_in_flight",
+                                       "Permits held (work in flight)", base,
+                                       [this] { return static_cast<double>(in_flight_approx()); }));
+    gauges_.push_back(r.gauge_callback(
+        "tailbatch_limiter_queued", "Callers waiting for a permit in acquire_for/acquire_until",
+        base, [this] { return static_cast<double>(queued_approx()); }));
+    if constexpr (learns) {
+      gauges_.push_back(r.gauge_callback(
+          "tailbatch_limiter_window_rtt_seconds",
+          "Mean round-trip time of the last closed sample window", base, [this] {
+            return static_cast<double>(last_window_rtt_ns_.load(std::memory_order_relaxed)) * 1e-9;
+          }));
+    }
   }
   Outcome<Permit> reject(RejectReason reason) noexcept {
     count_rejection(reason);
@@ -532,8 +585,9 @@ class ConcurrencyLimiter {
     }
     windows_closed_.fetch_add(1, std::memory_order_relaxed);
     if (window.count() > 0) {
-      const auto per_slot = window.mean_rtt().count() / std::max<std::int64_t>(next, 1);
-      retry_after_ns_.store(per_slot, std::memory_order_relaxed);
+      const auto mean = window.mean_rtt().count();
+      last_window_rtt_ns_.store(mean, std::memory_order_relaxed);
+      retry_after_ns_.store(mean / std::max<std::int64_t>(next, 1), std::memory_order_relaxed);
     }
     if (closed_.load(std::memory_order_acquire)) return;
     const std::uint32_t before = set_limit_word(next);
@@ -556,6 +610,8 @@ class ConcurrencyLimiter {
   alignas(64) std::array<std::atomic<std::uint64_t>, 5> rejections_{};
   std::atomic<std::uint64_t> windows_closed_{0};
   std::atomic<std::int64_t> retry_after_ns_{0};
+  std::atomic<std::int64_t> last_window_rtt_ns_{0};
+  std::array<Counter*, 5> rejection_counters_{};
 
   // The waiter queue: an intrusive list of stack-allocated waiters.
   std::mutex mu_;
@@ -567,6 +623,9 @@ class ConcurrencyLimiter {
   mutable std::mutex update_mu_;
   Algorithm algorithm_;
   std::unique_ptr<Learning> learning_;
+
+  // Last: unregistered before anything their callbacks read is destroyed.
+  std::vector<CallbackRegistration> gauges_;
 };
 
 static_assert(AdmissionPolicy<ConcurrencyLimiter<>>);

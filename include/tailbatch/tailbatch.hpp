@@ -6,5 +6,7 @@
 #include <tailbatch/clock.hpp>
 #include <tailbatch/outcome.hpp>
 #include <tailbatch/admission.hpp>
+#include <tailbatch/limit_algorithms.hpp>
+#include <tailbatch/concurrency_limiter.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
