@@ -29,11 +29,13 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/histogram_layout.hpp>
 #include <tailbatch/detail/histogram_shards.hpp>
+#include <tailbatch/detail/throw.hpp>
 
 namespace tailbatch {
 
@@ -54,7 +56,7 @@ namespace detail {
 // prefixed by `who`.
 inline HistogramLayout histogram_layout_for(const HistogramOptions& o, const char* who) {
   const auto fail = [who](const char* what) {
-    throw std::invalid_argument(std::string(who) + ": " + what);
+    throw_invalid_argument((std::string(who) + ": " + what).c_str());
   };
   if (o.lowest.count() < 1) fail("options.lowest must be >= 1ns");
   if (o.highest.count() / 2 < o.lowest.count()) fail("options.highest must be >= 2 * options.lowest");
@@ -112,7 +114,8 @@ class LatencyHistogram;
 // Exception guarantee: merge() is strong (on a throw the snapshot is unchanged).
 class HistogramSnapshot {
  public:
-  // An empty snapshot with default options. Never throws.
+  // An empty snapshot with default options; it adopts the options of the first snapshot
+  // merged into it. Never allocates, never throws. Not thread-safe: a value type.
   HistogramSnapshot() noexcept = default;
 
   // An empty snapshot with these options, to merge others into. Does not allocate.
@@ -124,9 +127,11 @@ class HistogramSnapshot {
 
   // Number of values recorded, including clamped ones. Not thread-safe: a value type.
   [[nodiscard]] std::uint64_t count() const noexcept { return count_; }
-  // The smallest value recorded (after clamping), exact; 0 when empty. Not thread-safe.
+  // The smallest value recorded (after clamping), exact; 0 when empty.
+  // Not thread-safe: a value type.
   [[nodiscard]] std::chrono::nanoseconds min() const noexcept { return ns(count_ ? min_ : 0); }
-  // The largest value recorded (after clamping), exact; 0 when empty. Not thread-safe.
+  // The largest value recorded (after clamping), exact; 0 when empty.
+  // Not thread-safe: a value type.
   [[nodiscard]] std::chrono::nanoseconds max() const noexcept { return ns(max_); }
   // The exact mean of the recorded (clamped) values, rounded to the nearest nanosecond;
   // 0 when empty. Not thread-safe: a value type.
@@ -191,9 +196,11 @@ class HistogramSnapshot {
     }
   }
 
-  // Values recorded below options().lowest (each counted as lowest). Not thread-safe.
+  // Values recorded below options().lowest (each counted as lowest).
+  // Not thread-safe: a value type.
   [[nodiscard]] std::uint64_t underflow_count() const noexcept { return underflow_; }
-  // Values recorded above options().highest (each counted as highest). Not thread-safe.
+  // Values recorded above options().highest (each counted as highest).
+  // Not thread-safe: a value type.
   [[nodiscard]] std::uint64_t overflow_count() const noexcept { return overflow_; }
 
   // Adds other's values to this one. May allocate (std::bad_alloc). Throws
@@ -202,7 +209,7 @@ class HistogramSnapshot {
   // Not thread-safe: a value type.
   void merge(const HistogramSnapshot& other) {
     if (options_ != other.options_ && !adopt_options_)
-      throw std::invalid_argument("HistogramSnapshot::merge: options differ");
+      detail::throw_invalid_argument("HistogramSnapshot::merge: options differ");
     if (counts_.empty() && !other.counts_.empty()) counts_.assign(other.counts_.size(), 0);
     options_ = other.options_;
     layout_ = other.layout_;
@@ -278,16 +285,19 @@ class HistogramSnapshot {
 // unless a shard released by an exited thread is free). When a thread exits its shards go
 // back to their histograms' free lists, counts kept; when the histogram is destroyed its
 // shards are freed and threads' cache entries for it can never match again. snapshot(),
-// reset() and the counters take the mutex and never block recorders.
+// merge_into(), reset() and shard_count() take the mutex briefly and never block
+// recorders.
 //
 // The object must outlive every call on it (as for any object); recording into a
 // histogram while it is being destroyed is undefined. Not copyable, not movable (metrics
 // registries hand out references to it).
-// Exception guarantee: only the constructor and snapshot() throw (strong guarantee).
+// Exception guarantee: only the constructor, snapshot() and merge_into() throw (strong
+// guarantee); recording never fails.
 class LatencyHistogram {
  public:
-  // Builds an empty histogram. Allocates the core (about two shards' worth at the default
-  // precision). Throws std::invalid_argument naming the bad field of options.
+  // Builds an empty histogram. Allocates the core (about two shards' worth: a fallback
+  // shard and the reset baseline). Throws std::invalid_argument naming the bad field of
+  // options, or std::bad_alloc.
   explicit LatencyHistogram(HistogramOptions options = {})
       : options_(options),
         layout_(detail::histogram_layout_for(options, "LatencyHistogram")),
@@ -337,7 +347,7 @@ class LatencyHistogram {
   // other options, std::bad_alloc; strong guarantee. Thread-safe (out is the caller's).
   void merge_into(HistogramSnapshot& out) const {
     if (out.options_ != options_ && !out.adopt_options_)
-      throw std::invalid_argument("LatencyHistogram::merge_into: options differ");
+      detail::throw_invalid_argument("LatencyHistogram::merge_into: options differ");
     std::vector<std::uint64_t> counts(layout_.size(), 0);
     detail::HistogramTotals t;
     core_->collect(counts.data(), t);
@@ -361,6 +371,7 @@ class LatencyHistogram {
       if (min < layout_.slot_low(first) || min > layout_.slot_high(first)) min = layout_.slot_low(first);
       max = t.max;
       if (max < layout_.slot_low(last) || max > layout_.slot_high(last)) max = layout_.slot_high(last);
+      if (min > max) std::swap(min, max);  // both racy readings in one bucket
       // The shards keep the exact sum modulo 2^64; the midpoint estimate is within 0.78 %
       // (6.25 % at one digit) of it, which fixes the high word for sums below about 2^68 ns
       // (over 9000 years of summed latency).
@@ -507,9 +518,9 @@ class RollingHistogram {
   };
 
   static HistogramOptions validate(std::chrono::nanoseconds window, int slots, const HistogramOptions& o) {
-    if (window.count() <= 0) throw std::invalid_argument("RollingHistogram: window must be > 0");
-    if (slots < 1 || slots > 1000) throw std::invalid_argument("RollingHistogram: slots must be in [1, 1000]");
-    if (window.count() < slots) throw std::invalid_argument("RollingHistogram: window must be >= slots nanoseconds");
+    if (window.count() <= 0) detail::throw_invalid_argument("RollingHistogram: window must be > 0");
+    if (slots < 1 || slots > 1000) detail::throw_invalid_argument("RollingHistogram: slots must be in [1, 1000]");
+    if (window.count() < slots) detail::throw_invalid_argument("RollingHistogram: window must be >= slots nanoseconds");
     (void)detail::histogram_layout_for(o, "RollingHistogram");
     return o;
   }

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include <tailbatch/detail/histogram_layout.hpp>
+#include <tailbatch/detail/throw.hpp>
 
 // Users who link tailbatch into a shared library that is loaded at program start (not
 // dlopen()ed later) may define this as [[gnu::tls_model("initial-exec")]] to make the
@@ -324,11 +325,15 @@ class HistogramThreadShards {
   // Remembers a borrowed shard. False (and nothing remembered) when out of memory.
   bool add(const std::shared_ptr<HistogramCore>& core, HistogramShard* shard) noexcept {
     if (entries_.size() >= prune_at_) prune();
+#if TAILBATCH_HAS_EXCEPTIONS
     try {
       entries_.push_back(Entry{core->anchor(), core, shard});
     } catch (...) {
       return false;
     }
+#else
+    entries_.push_back(Entry{core->anchor(), core, shard});  // out of memory aborts
+#endif
     return true;
   }
 
@@ -373,11 +378,15 @@ inline thread_local HistogramThreadShards histogram_thread_shards;
   const void* key = core->key();
   HistogramShard* shard = mine.find(key);
   if (shard == nullptr) {
+#if TAILBATCH_HAS_EXCEPTIONS
     try {
       shard = core->acquire();
     } catch (...) {
       return nullptr;
     }
+#else
+    shard = core->acquire();  // out of memory aborts
+#endif
     if (!mine.add(core, shard)) {
       core->release(shard);
       return nullptr;
