@@ -10,3 +10,5 @@
 #include <tailbatch/concurrency_limiter.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
+#include <tailbatch/token_streamer.hpp>
+#include <tailbatch/continuous_batcher.hpp>
