@@ -70,3 +70,39 @@ tailbatch_cli_test(plan_conflicting_modes tailbatch-plan RC nonzero
   ARGS --instance-rps 350 --p95-ms 120 --base-ms 20 --target-rps 10 EXPECT "excludes")
 tailbatch_cli_test(plan_slo_unreachable tailbatch-plan RC 3
   ARGS --base-ms 20 --slo-p95-ms 10 EXPECT "no candidate meets the SLO")
+
+# ---- tailbatch-load ----------------------------------------------------------------------
+# A fast synthetic model (2 ms + 0.5 ms per extra item) and short runs: each test takes
+# about a second or two.
+set(_fast_model --base-ms 2 --per-item-ms 0.5 --lanes 2 --max-batch 8 --window-ms 2)
+
+tailbatch_cli_test(load_run tailbatch-load RC 0
+  ARGS ${_fast_model} --rate 100 --duration 1 --warmup 0.2 --out plots --quiet
+  EXPECT "latency from intended send: p50 [0-9.]+ ms  p95 [0-9.]+ ms"
+         "p95 meets the SLO of 100 ms"
+         "plots/p95_over_time.svg")
+
+tailbatch_cli_test(load_sweep tailbatch-load RC 0
+  ARGS ${_fast_model} --sweep 50,100 --duration 0.8 --warmup 0.2 --slo-p95-ms 200 --out plots
+  EXPECT "offered +achieved +p50 +p95"
+         "saturation point: 100 rps offered"
+         "[[]load 50 rps 1/2[]]"
+         "plots/latency_vs_load.svg"
+         "plots/throughput_vs_load.svg")
+
+tailbatch_cli_test(load_steps tailbatch-load RC 0
+  ARGS ${_fast_model} --steps 50:0.5,200:0.5 --warmup 0 --arrivals constant --out plots --quiet
+  EXPECT "offered [0-9.]+ rps, throughput [0-9.]+ rps")
+
+tailbatch_cli_test(load_no_mode tailbatch-load RC nonzero
+  ARGS --duration 1 EXPECT "give --rate, --sweep or --steps")
+tailbatch_cli_test(load_conflicting_modes tailbatch-load RC nonzero
+  ARGS --rate 100 --sweep 100,200 EXPECT "excludes")
+tailbatch_cli_test(load_bad_rate tailbatch-load RC nonzero
+  ARGS --rate -5 EXPECT "--rate")
+tailbatch_cli_test(load_bad_arrivals tailbatch-load RC nonzero
+  ARGS --rate 10 --arrivals bursty EXPECT "--arrivals")
+tailbatch_cli_test(load_bad_steps tailbatch-load RC nonzero
+  ARGS --steps 100 --quiet EXPECT "cannot read \"100\"")
+tailbatch_cli_test(load_cap_starves_batcher tailbatch-load RC nonzero
+  ARGS --rate 10 --max-in-flight 4 --max-batch 16 --lanes 2 --quiet EXPECT "admission limit is below")

@@ -27,8 +27,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <concepts>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <deque>
@@ -37,6 +39,7 @@
 #include <mutex>
 #include <optional>
 #include <ostream>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -563,6 +566,17 @@ template <LoadTarget F, Clock C = SteadyClock>
 [[nodiscard]] LoadResult run_load(const LoadOptions& options, F&& target, C clock = C{}) {
   LoadRunner<C> runner(options, std::move(clock));
   return runner.run(target);
+}
+
+// An AsyncLoadTarget that submits make_request(index) to `pipeline` (a Pipeline, or
+// anything with submit(Req, callback(Outcome<Resp>&&))) and completes with the outcome's
+// status. The pipeline must outlive the runs that use the target. Allocates nothing per
+// request beyond what submit() does. Thread-safe if make_request is.
+template <class P, class MakeRequest>
+[[nodiscard]] auto pipeline_target(P& pipeline, MakeRequest make_request) {
+  return [&pipeline, make_request = std::move(make_request)](std::uint64_t index, LoadCompletion done) mutable {
+    pipeline.submit(make_request(index), [done](auto&& outcome) noexcept { done(outcome.status()); });
+  };
 }
 
 // ---- sweeps ---------------------------------------------------------------------------

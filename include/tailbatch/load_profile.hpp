@@ -10,8 +10,10 @@
 // by memorylessness that is exactly a Poisson process with a piecewise-constant rate.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <random>

@@ -1,0 +1,228 @@
+// tailbatch-load: open-loop load tests and QPS sweeps against a model behind a Pipeline.
+//
+// The model is synthetic: a batch of b requests takes L(b) = base + per_item × (b − 1) on
+// its lane (it sleeps, like a call to a device), so the tool shows what batching, windows,
+// lanes and in-flight caps do without a model of your own. Examples:
+//
+//   tailbatch-load --rate 300 --duration 10                      one run, p95 over time
+//   tailbatch-load --sweep 100,200,300,400,500 --slo-p95-ms 100  find the saturation point
+//   tailbatch-load --steps 100:5,400:3,100:5                     a spike
+//   tailbatch-load --max-batch 1 --window-ms 0 --sweep 20,40,80  batching off
+//
+// Prints the results as a table and writes SVG plots to --out (paths printed last).
+// Progress lines go to stderr (--quiet turns them off). Exit status: 0 on success, 1 for
+// bad arguments (with a message saying which), 2 if writing the plots failed.
+#include <tailbatch/concurrency_limiter.hpp>
+#include <tailbatch/load_generator.hpp>
+#include <tailbatch/pipeline.hpp>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono;
+
+struct Options {
+  double base_ms = 20.0, per_item_ms = 3.0;
+  std::size_t lanes = 2;
+  std::size_t max_batch = 16;
+  double window_ms = 8.0;
+  std::size_t max_in_flight = 0;
+  std::size_t queue_capacity = 4096;
+  std::string arrivals = "poisson";
+  double rate = 0.0;
+  std::vector<double> sweep;
+  std::string steps;
+  double duration_s = 10.0, warmup_s = 2.0;
+  double slo_p95_ms = 100.0;
+  std::string out = "tailbatch-load-out";
+  std::uint64_t seed = 42;
+  bool quiet = false;
+};
+
+struct Request {
+  std::uint64_t id = 0;
+};
+struct Response {
+  std::uint64_t id = 0;
+};
+
+nanoseconds from_ms(double v) { return duration_cast<nanoseconds>(duration<double, std::milli>(v)); }
+nanoseconds from_s(double v) { return duration_cast<nanoseconds>(duration<double>(v)); }
+
+tailbatch::LoadProfile parse_steps(const std::string& text, tailbatch::ArrivalProcess process) {
+  std::vector<tailbatch::LoadPhase> phases;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(pos, end - pos);
+    const std::size_t colon = item.find(':');
+    double rate = 0, secs = 0;
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument(item);
+      std::size_t used = 0;
+      rate = std::stod(item.substr(0, colon), &used);
+      if (used != colon) throw std::invalid_argument(item);
+      secs = std::stod(item.substr(colon + 1), &used);
+      if (used != item.size() - colon - 1) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      throw std::invalid_argument("--steps: cannot read \"" + item + "\": expected RATE:SECONDS, as in 100:5");
+    }
+    phases.push_back({from_s(secs), rate});
+    pos = end + 1;
+  }
+  return tailbatch::LoadProfile::steps(process, std::move(phases));
+}
+
+std::string subtitle(const Options& o) {
+  return fmt::format("synthetic model L(b) = {} ms + {} ms x (b-1); {} lanes; max_batch {}, window {} ms{}; {} arrivals",
+                     o.base_ms, o.per_item_ms, o.lanes, o.max_batch, o.window_ms,
+                     o.max_in_flight ? fmt::format("; max in-flight {}", o.max_in_flight) : std::string(),
+                     o.arrivals);
+}
+
+template <class PipelineT>
+int run(const Options& o, PipelineT& pipeline) {
+  const auto process = o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant
+                                                : tailbatch::ArrivalProcess::poisson;
+  auto target = tailbatch::pipeline_target(pipeline, [](std::uint64_t i) { return Request{i}; });
+  tailbatch::LoadOptions base;
+  base.warmup = from_s(o.warmup_s);
+  base.seed = o.seed;
+  base.drain_timeout = seconds(10);
+  if (!o.quiet) {
+    base.progress = tailbatch::progress_to(std::cerr);
+    // A line a second; at least two per run on short runs.
+    base.progress_interval = std::min<nanoseconds>(seconds(1), from_s(o.duration_s / 2.0));
+  }
+  std::filesystem::create_directories(o.out);
+  std::vector<std::string> written;
+
+  if (!o.sweep.empty()) {
+    tailbatch::SweepOptions s;
+    s.rates = o.sweep;
+    s.process = process;
+    s.step_duration = from_s(o.duration_s);
+    s.warmup = from_s(o.warmup_s);
+    s.slo_p95_ms = o.slo_p95_ms;
+    s.stop_after_failures = 1;
+    s.pause = milliseconds(200);
+    s.base = base;
+    auto sweep = tailbatch::run_sweep(s, target);
+    fmt::print("{}\n\n{}", subtitle(o), tailbatch::format_sweep_table(sweep));
+    const std::string lat = (std::filesystem::path(o.out) / "latency_vs_load.svg").string();
+    tailbatch::write_svg(lat, tailbatch::latency_vs_load_plot(sweep, "Latency vs offered load", subtitle(o)));
+    written.push_back(lat);
+    const std::string thr = (std::filesystem::path(o.out) / "throughput_vs_load.svg").string();
+    tailbatch::write_svg(thr, tailbatch::throughput_vs_load_plot({&sweep}, {"achieved"}, "Throughput vs offered load",
+                                                                 subtitle(o)));
+    written.push_back(thr);
+    // p95 over time at the saturation point (or the lowest rate when none met the SLO).
+    const auto& shown = sweep.saturation_point() ? *sweep.saturation_point() : sweep.points.front();
+    const std::string over = (std::filesystem::path(o.out) / "p95_over_time.svg").string();
+    tailbatch::write_svg(over, tailbatch::latency_over_time_plot(
+                                   shown.result, o.slo_p95_ms,
+                                   fmt::format("Latency over time at {:.0f} rps offered", shown.offered_rps),
+                                   subtitle(o)));
+    written.push_back(over);
+  } else {
+    tailbatch::LoadOptions one = base;
+    one.profile = o.steps.empty() ? tailbatch::LoadProfile::steady(process, o.rate, from_s(o.duration_s))
+                                  : parse_steps(o.steps, process);
+    if (one.warmup >= one.profile.duration()) one.warmup = nanoseconds(0);
+    auto r = tailbatch::run_load(one, target);
+    fmt::print("{}\n\n{}", subtitle(o), tailbatch::format_load_result(r));
+    fmt::print("p95 {} the SLO of {} ms\n", duration<double, std::milli>(r.p95).count() <= o.slo_p95_ms ? "meets" : "misses",
+               o.slo_p95_ms);
+    const std::string over = (std::filesystem::path(o.out) / "p95_over_time.svg").string();
+    tailbatch::write_svg(over, tailbatch::latency_over_time_plot(r, o.slo_p95_ms, "Latency over time", subtitle(o)));
+    written.push_back(over);
+  }
+  fmt::print("\nplots:\n");
+  for (const auto& w : written) fmt::print("  {}\n", w);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "tailbatch-load: open-loop load (Poisson or constant arrivals) against a synthetic model "
+      "behind a tailbatch Pipeline; latency from each request's intended send time."};
+  Options o;
+  app.add_option("--base-ms", o.base_ms, "model time for a batch of 1, ms")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--per-item-ms", o.per_item_ms, "model time per extra item, ms")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--lanes", o.lanes, "lanes (streams) running batches at once")->capture_default_str()->check(CLI::Range(1, 64));
+  app.add_option("--max-batch", o.max_batch, "FixedWindow max_batch (1: batching off)")->capture_default_str()->check(CLI::Range(1, 4096));
+  app.add_option("--window-ms", o.window_ms, "FixedWindow max_wait, ms")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--max-in-flight", o.max_in_flight, "static concurrency cap (0: none)")->capture_default_str();
+  app.add_option("--queue", o.queue_capacity, "the Pipeline's queue capacity")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--arrivals", o.arrivals, "arrival process")->capture_default_str()->check(CLI::IsMember({"poisson", "constant"}));
+  auto* rate = app.add_option("--rate", o.rate, "one run at this offered rate, requests/s")->check(CLI::PositiveNumber);
+  auto* sweep = app.add_option("--sweep", o.sweep, "a QPS sweep over these rates, e.g. 100,200,300")->delimiter(',')->check(CLI::PositiveNumber);
+  auto* steps = app.add_option("--steps", o.steps, "one run of rate phases RATE:SECONDS,..., e.g. 100:5,400:3,100:5");
+  app.add_option("--duration", o.duration_s, "seconds per run (per sweep rate), warm-up included")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o.warmup_s, "seconds of warm-up not counted")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--slo-p95-ms", o.slo_p95_ms, "p95 SLO, ms")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--out", o.out, "directory for the SVG plots")->capture_default_str();
+  app.add_option("--seed", o.seed, "arrival seed")->capture_default_str();
+  app.add_flag("--quiet", o.quiet, "no progress lines on stderr");
+  rate->excludes(sweep)->excludes(steps);
+  sweep->excludes(steps);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 1;
+  }
+  if (!*rate && !*sweep && !*steps) {
+    fmt::print(stderr, "tailbatch-load: error: give --rate, --sweep or --steps\nRun with --help for more information.\n");
+    return 1;
+  }
+  if (o.warmup_s >= o.duration_s && (*rate || *sweep)) {
+    fmt::print(stderr, "tailbatch-load: error: --warmup ({} s) must be shorter than --duration ({} s)\n", o.warmup_s,
+               o.duration_s);
+    return 1;
+  }
+
+  try {
+    const tailbatch::LinearCost cost{from_ms(o.base_ms), from_ms(o.per_item_ms)};
+    auto model = [cost](std::span<const Request> reqs, std::span<Response> resps, tailbatch::HostLane&) {
+      std::this_thread::sleep_for(cost(reqs.size()));
+      for (std::size_t i = 0; i < reqs.size(); ++i) resps[i].id = reqs[i].id;
+    };
+    tailbatch::FixedWindow policy(o.max_batch, from_ms(o.window_ms));
+    tailbatch::PipelineConfig<Request> pc;
+    pc.queue_capacity = o.queue_capacity;
+    tailbatch::HostLanes lanes(o.lanes);
+    if (o.max_in_flight > 0) {
+      tailbatch::ConcurrencyLimiter<tailbatch::StaticLimit> limiter{
+          tailbatch::StaticLimit(static_cast<std::uint32_t>(o.max_in_flight))};
+      tailbatch::Pipeline<Request, Response, tailbatch::FixedWindow, tailbatch::HostLanes,
+                          tailbatch::ConcurrencyLimiter<tailbatch::StaticLimit>>
+          pipeline(model, policy, pc, lanes, limiter);
+      return run(o, pipeline);
+    }
+    tailbatch::Pipeline<Request, Response, tailbatch::FixedWindow, tailbatch::HostLanes> pipeline(model, policy, pc,
+                                                                                                  lanes);
+    return run(o, pipeline);
+  } catch (const std::invalid_argument& e) {
+    fmt::print(stderr, "tailbatch-load: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "tailbatch-load: error: {}\n", e.what());
+    return 2;
+  }
+}
