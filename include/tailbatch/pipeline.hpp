@@ -341,7 +341,11 @@ class Pipeline {
   }
 
   // Requests waiting in the queue (not yet in a batch). Racy by nature. Thread-safe.
-  [[nodiscard]] std::size_t queued_approx() const noexcept { return queued_mirror_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::size_t queued_approx() const noexcept {
+    const std::uint64_t out = dequeued_.load(std::memory_order_relaxed);
+    const std::uint64_t in = enqueued_.load(std::memory_order_relaxed);
+    return in > out ? static_cast<std::size_t>(in - out) : 0;
+  }
   // Requests in batches being executed or completed right now. Racy. Thread-safe.
   [[nodiscard]] std::size_t in_flight_approx() const noexcept { return in_flight_.load(std::memory_order_relaxed); }
   // The recent rate at which batches take requests off the queue, per second (0 until
@@ -353,9 +357,9 @@ class Pipeline {
     PipelineStats s;
     {
       std::lock_guard lock(mu_);
-      s.submitted = accepted_;
-      s.queued = queued_;
+      s.submitted = enqueued_.load(std::memory_order_relaxed);
     }
+    s.queued = queued_approx();
     s.submitted += inline_submitted_.load(std::memory_order_relaxed);
     for (std::size_t i = 0; i < s.by_status.size(); ++i) s.by_status[i] = by_status_[i].load(std::memory_order_relaxed);
     for (std::size_t i = 0; i < s.rejected_by_reason.size(); ++i) {
@@ -395,8 +399,19 @@ class Pipeline {
     BatchTime deadline;
     std::uint64_t seq;
     std::size_t cost;
-    std::uint32_t bucket;
     Priority priority;
+
+    Entry(Req&& r, detail::Completion<Resp>&& d, BatchTime arrival, std::unique_ptr<Hook>&& h, Ticket&& t,
+          BatchTime dl, std::uint64_t sq, std::size_t c, Priority p)
+        : req(std::move(r)), meta{std::move(d), arrival, std::move(h), std::move(t)}, deadline(dl), seq(sq), cost(c),
+          priority(p) {}
+  };
+
+  // A taken or completed entry has given its completion away.
+  struct EntryTraits {
+    static bool gone(const Entry& e) noexcept { return !e.meta.done; }
+    static BatchTime deadline(const Entry& e) noexcept { return e.deadline; }
+    static std::uint64_t seq(const Entry& e) noexcept { return e.seq; }
   };
 
   struct Batch {
@@ -422,8 +437,8 @@ class Pipeline {
   };
   enum Hist : std::size_t { queue_wait = 0, formation = 1, model_time = 2, end_to_end = 3 };
 
-  using Staged = detail::StagedQueue<Entry>;
-  using Pick = std::pair<std::uint32_t, std::size_t>;  // (sub-queue, key position)
+  using Staged = detail::StagedQueue<Entry, EntryTraits>;
+  using Pick = typename Staged::Pos;
 
   struct View {
     std::vector<BatchCandidate> candidates;
@@ -443,6 +458,10 @@ class Pipeline {
         max_batch_(policy_.max_batch()),
         staged_(priority_levels, bucket_count(policy_), policy_.order()) {
     validate();
+    incoming_.resize(staged_.sub_count());
+    incoming_dirty_.reserve(staged_.sub_count());
+    deferred_.reserve(staged_.sub_count());
+    ingest_.reserve(staged_.sub_count());
     views_.resize(staged_.buckets());
     for (View& v : views_) {
       v.candidates.reserve(max_batch_);
@@ -595,8 +614,7 @@ class Pipeline {
 #endif
     }
 
-    Entry entry{std::move(req), Meta{std::move(done), now, std::move(hook), std::move(*ticket)}, deadline, 0, cost,
-                static_cast<std::uint32_t>(bucket), options.priority};
+    const std::size_t sub = staged_.sub_index(level, bucket);
     RejectReason refused = RejectReason::none;
     bool wake = false;
     {
@@ -605,25 +623,26 @@ class Pipeline {
       try {
 #endif
         lock.lock();
+        const std::uint64_t enq = enqueued_.load(std::memory_order_relaxed);
         if (closing_.load(std::memory_order_relaxed)) {
           refused = RejectReason::shutting_down;
-        } else if (queued_ >= config_.queue_capacity) {
+        } else if (enq - dequeued_.load(std::memory_order_relaxed) >= config_.queue_capacity) {
           refused = RejectReason::queue_full;
         } else {
-          entry.seq = accepted_;
-          // Strong guarantee: if this throws, entry still holds the request.
-          incoming_.push_back(std::move(entry));
-          ++accepted_;
-          ++queued_;
-          queued_mirror_.store(queued_, std::memory_order_relaxed);
-          wake = leader_sleeping_ && (queued_ >= wake_at_queued_ || deadline < wake_if_deadline_before_);
+          std::vector<Entry>& v = incoming_[sub];
+          // Allocation, the only thing that can throw here, happens before the arguments
+          // are moved from: on failure they are still ours.
+          v.emplace_back(std::move(req), std::move(done), now, std::move(hook), std::move(*ticket), deadline, enq, cost,
+                         options.priority);
+          if (v.size() == 1) incoming_dirty_.push_back(static_cast<std::uint32_t>(sub));
+          enqueued_.store(enq + 1, std::memory_order_relaxed);
+          wake = leader_sleeping_ && (enq + 1 >= wake_at_enqueued_ || deadline < wake_if_deadline_before_);
         }
 #if TAILBATCH_HAS_EXCEPTIONS
       } catch (...) {
         if (lock.owns_lock()) lock.unlock();
-        return finish_inline(entry.meta.done, std::move(entry.meta.ticket), now,
-                             Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}},
-                             std::move(entry.meta.cancel));
+        return finish_inline(done, std::move(*ticket), now,
+                             Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}}, std::move(hook));
       }
 #endif
     }
@@ -631,18 +650,18 @@ class Pipeline {
     if (refused == RejectReason::none) return;
     // The hook is destroyed in finish_inline, outside the lock its callback takes.
     const bool full = refused == RejectReason::queue_full;
-    finish_inline(entry.meta.done, std::move(entry.meta.ticket), now,
+    finish_inline(done, std::move(*ticket), now,
                   Error{Status::rejected, refused,
                         full ? "tailbatch: the queue is full" : "tailbatch: the pipeline is shutting down",
                         full ? retry_after_hint() : std::chrono::nanoseconds{0}},
-                  std::move(entry.meta.cancel));
+                  std::move(hook));
   }
 
   // The time the current drain rate needs to empty the queue as it stands.
   std::chrono::nanoseconds retry_after_hint() const noexcept {
     const double rate = drain_rate_.load(std::memory_order_relaxed);
     if (rate <= 0.0) return std::chrono::nanoseconds{0};
-    const double depth = static_cast<double>(std::max<std::size_t>(1, queued_mirror_.load(std::memory_order_relaxed)));
+    const double depth = static_cast<double>(std::max<std::size_t>(1, queued_approx()));
     const double seconds = std::min(depth / rate, 60.0);
     return std::chrono::nanoseconds(std::llround(seconds * 1e9));
   }
@@ -811,42 +830,65 @@ class Pipeline {
       BatchTime drain_deadline = BatchTime::max();
       {
         std::lock_guard lock(mu_);
-        sync_removed_locked();
-        ingest_.swap(incoming_);
         closing = closing_.load(std::memory_order_relaxed);
         cancels = std::exchange(cancel_pending_, false);
         drain_deadline = drain_deadline_;
+        // A fifo sub-queue that already holds a full batch need not take its newcomers
+        // yet: they queue behind it anyway. Leaving them where they are keeps both vectors
+        // warm and moves nothing. Everything is taken when order, cancellation or
+        // shutdown needs it.
+        const bool all = force_ingest_ || closing || cancels || policy_.order() == BatchOrder::earliest_deadline;
+        force_ingest_ = false;
+        deferred_.clear();
+        for (const std::uint32_t s : incoming_dirty_) {
+          if (!all && staged_.live_in_sub(s) >= max_batch_) {
+            deferred_.push_back(s);  // within the reserved capacity
+            continue;
+          }
+          condense(s);
+          std::vector<Entry> fresh = staged_.spare();
+          fresh.swap(incoming_[s]);
+          ingest_.emplace_back(s, std::move(fresh));  // within the reserved capacity
+        }
+        incoming_dirty_.assign(deferred_.begin(), deferred_.end());
       }
       stage_ingested();
       const BatchTime now = clock_.now();
       if (cancels) purge_cancelled(now);
       if (closing && now >= drain_deadline) {
         reject_all_staged();
-        sync_removed();
+        publish_dequeued();
         finished_ = true;
         return Lead::finished;
       }
       Round round = decide_round(now, closing);
+      if (round.short_of_deferred) {
+        // A view came up short (requests dropped on the way) while newcomers for it
+        // were left aside: take them and decide again.
+        force_ingest_ = true;
+        continue;
+      }
       if (round.bucket != npos) {
         form(b, round, now);
+        publish_dequeued();
         return Lead::formed;
       }
       compact_all();
+      publish_dequeued();
       if (closing && staged_.size() == 0) {
-        sync_removed();
         finished_ = true;
         return Lead::finished;
       }
       if (!may_sleep) {
-        sync_removed();
         next_due = round.wait.decide_again_at;
         return Lead::idle;
       }
       std::unique_lock lock(mu_);
-      sync_removed_locked();
-      if (!incoming_.empty() || cancel_pending_ || closing_.load(std::memory_order_relaxed) != closing) continue;
-      const std::size_t delta = round.wake_delta;
-      wake_at_queued_ = queued_ + std::max<std::size_t>(1, delta);
+      if (!incoming_dirty_.empty() || cancel_pending_ || closing_.load(std::memory_order_relaxed) != closing) {
+        force_ingest_ = true;  // never sleep with newcomers left aside
+        continue;
+      }
+      wake_at_enqueued_ = enqueued_.load(std::memory_order_relaxed) + std::max<std::size_t>(1, round.wake_delta);
       wake_if_deadline_before_ = round.wait.decide_again_if_deadline_before;
       leader_sleeping_ = true;
       if (round.wait.decide_again_at == BatchTime::max()) {
@@ -858,53 +900,49 @@ class Pipeline {
     }
   }
 
-  void sync_removed_locked() noexcept {
-    queued_ -= std::min(queued_, removed_);
-    removed_ = 0;
-    queued_mirror_.store(queued_, std::memory_order_relaxed);
-  }
-
-  void sync_removed() noexcept {
-    if (removed_ == 0) return;
-    std::lock_guard lock(mu_);
-    sync_removed_locked();
-  }
-
-  void stage_ingested() noexcept {
-    if (ingest_.empty()) return;
-    const bool edf = policy_.order() == BatchOrder::earliest_deadline;
-    std::size_t i = 0;
+  void condense(std::size_t s) noexcept {
 #if TAILBATCH_HAS_EXCEPTIONS
     try {
-#endif
-      for (; i < ingest_.size(); ++i) {
-        Entry& e = ingest_[i];
-        const std::size_t lane = static_cast<std::size_t>(e.priority);
-        const BatchTime key = edf ? e.deadline : BatchTime{};
-        const std::uint64_t seq = e.seq;
-        const std::size_t bucket = e.bucket;
-        staged_.push(std::move(e), lane, bucket, key, seq);
-      }
-      staged_.settle();
-#if TAILBATCH_HAS_EXCEPTIONS
+      staged_.condense(s, max_batch_);
     } catch (...) {
-      // Out of memory while staging: the requests not staged fail rather than vanish.
-      const BatchTime now = clock_.now();
-      for (; i < ingest_.size(); ++i) {
-        complete_entry(std::move(ingest_[i]), Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}},
-                       now);
-      }
+      // Out of memory: keep the chunks as they are.
     }
+#else
+    staged_.condense(s, max_batch_);
 #endif
+  }
+
+  // Makes what the leader took off the queue visible to submitters' capacity check.
+  void publish_dequeued() noexcept { dequeued_.store(dequeued_local_, std::memory_order_relaxed); }
+
+  void stage_ingested() noexcept {
+    for (auto& [s, entries] : ingest_) {
+#if TAILBATCH_HAS_EXCEPTIONS
+      try {
+        staged_.add_chunk(s, entries);
+      } catch (...) {
+        // Out of memory while staging: these requests fail rather than vanish.
+        const BatchTime now = clock_.now();
+        for (Entry& e : entries) {
+          ++dequeued_local_;
+          complete_entry(e, Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}}, now);
+        }
+        entries.clear();
+      }
+#else
+      staged_.add_chunk(s, entries);
+#endif
+    }
     ingest_.clear();
+    staged_.settle();
   }
 
   [[nodiscard]] bool is_cancelled(const Entry& e) const noexcept {
     return e.meta.cancel && e.meta.cancel->fired.load(std::memory_order_acquire);
   }
 
-  void complete_entry(Entry&& e, Error&& err, BatchTime now) noexcept {
-    ++removed_;
+  // Completes a queued request that will not run. Leaves e gone.
+  void complete_entry(Entry& e, Error&& err, BatchTime now) noexcept {
     e.meta.cancel.reset();
     const Status s = err.status;
     count_status(s, err.reason, 1);
@@ -913,12 +951,13 @@ class Pipeline {
     deliver(e.meta.done, Outcome<Resp>(std::move(err)));
   }
 
-  void complete_dead(std::uint32_t sub, std::size_t pos, BatchTime now) noexcept {
-    Entry e = staged_.take(sub, pos);
+  void complete_dead(Entry& e, const Pick& p, BatchTime now) noexcept {
+    staged_.removed(p);
+    ++dequeued_local_;
     if (is_cancelled(e)) {
-      complete_entry(std::move(e), Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}}, now);
+      complete_entry(e, Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}}, now);
     } else {
-      complete_entry(std::move(e),
+      complete_entry(e,
                      Error{Status::deadline_exceeded, RejectReason::none,
                            "tailbatch: the deadline passed before the request could run", {}},
                      now);
@@ -926,34 +965,35 @@ class Pipeline {
   }
 
   void purge_cancelled(BatchTime now) noexcept {
-    for (std::uint32_t s = 0; s < staged_.lanes() * staged_.buckets(); ++s) {
-      auto& q = staged_.sub(s);
-      for (std::size_t pos = q.head; pos < q.keys.size() && q.live > 0; ++pos) {
-        const auto slot = q.keys[pos].slot;
-        if (slot == Staged::tombstone) continue;
-        if (is_cancelled(staged_.entry(slot))) complete_dead(s, pos, now);
-      }
+    for (std::size_t s = 0; s < staged_.sub_count(); ++s) {
+      if (staged_.live_in_sub(s) == 0) continue;
+      staged_.for_each(s, [&](Entry& e, const Pick& p) {
+        if (is_cancelled(e)) complete_dead(e, p, now);
+        return true;
+      });
       staged_.compact(s);
     }
   }
 
   void reject_all_staged() noexcept {
     const BatchTime now = clock_.now();
-    for (std::uint32_t s = 0; s < staged_.lanes() * staged_.buckets(); ++s) {
-      auto& q = staged_.sub(s);
-      for (std::size_t pos = q.head; pos < q.keys.size(); ++pos) {
-        if (q.keys[pos].slot == Staged::tombstone) continue;
-        complete_entry(staged_.take(s, pos),
+    for (std::size_t s = 0; s < staged_.sub_count(); ++s) {
+      if (staged_.live_in_sub(s) == 0) continue;
+      staged_.for_each(s, [&](Entry& e, const Pick& p) {
+        staged_.removed(p);
+        ++dequeued_local_;
+        complete_entry(e,
                        Error{Status::rejected, RejectReason::shutting_down,
                              "tailbatch: the pipeline shut down before the request could run", {}},
                        now);
-      }
+        return true;
+      });
       staged_.compact(s);
     }
   }
 
   void compact_all() noexcept {
-    for (std::uint32_t s = 0; s < staged_.lanes() * staged_.buckets(); ++s) staged_.compact(s);
+    for (std::size_t s = 0; s < staged_.sub_count(); ++s) staged_.compact(s);
   }
 
   static constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
@@ -963,6 +1003,7 @@ class Pipeline {
     BatchDecision decision{};   // for that bucket
     BatchDecision wait{};       // when waiting: the earliest reasons to decide again
     std::size_t wake_delta = 1;
+    bool short_of_deferred = false;
   };
 
   // Builds every non-empty bucket's view, completing dead requests on the way, and asks
@@ -990,14 +1031,20 @@ class Pipeline {
       if (staged_.live_in_bucket(b) == 0) continue;
       View& v = views_[b];
       const bool head_starving = build_view(b, now, v);
+      if (v.candidates.size() < max_batch_ && !deferred_.empty()) {
+        for (const std::uint32_t s : deferred_) {
+          if (s / staged_.lanes() == b) round.short_of_deferred = true;
+        }
+        if (round.short_of_deferred) return round;
+      }
       if (v.candidates.empty()) continue;
       BatchView bv{std::span<const BatchCandidate>(v.candidates), staged_.live_in_bucket(b), now, flush};
       BatchDecision d = policy_.decide(bv);
       if (d.count > 0) {
         d.count = std::min(d.count, v.candidates.size());
-        const Pick first = v.picks.front();
-        const auto& key = staged_.sub(first.first).keys[first.second];
-        const Rank r{head_starving ? 0 : 1, static_cast<int>(v.candidates.front().priority), key.order_time, key.seq};
+        const Entry& head = staged_.at(v.picks.front());
+        const BatchTime key = policy_.order() == BatchOrder::earliest_deadline ? head.deadline : BatchTime{};
+        const Rank r{head_starving ? 0 : 1, static_cast<int>(head.priority), key, head.seq};
         if (round.bucket == npos || r < best) {
           best = r;
           round.bucket = b;
@@ -1036,32 +1083,28 @@ class Pipeline {
       }
     }
     for (std::size_t i = 0; i < n && v.candidates.size() < max_batch_; ++i) {
-      const auto s = static_cast<std::uint32_t>(staged_.sub_index(order[i], b));
-      auto& q = staged_.sub(s);
-      for (std::size_t pos = q.head; pos < q.keys.size() && q.live > 0; ++pos) {
-        const auto slot = q.keys[pos].slot;
-        if (slot == Staged::tombstone) continue;
-        const Entry& e = staged_.entry(slot);
+      const std::size_t s = staged_.sub_index(order[i], b);
+      if (staged_.live_in_sub(s) == 0) continue;
+      staged_.for_each(s, [&](Entry& e, const Pick& p) {
         if (now > e.deadline || is_cancelled(e)) {
-          complete_dead(s, pos, now);
-          continue;
+          complete_dead(e, p, now);
+          return true;
         }
         if (v.candidates.empty()) first_starving = i < starving;
         v.candidates.push_back(BatchCandidate{e.meta.arrival, e.deadline, e.cost, e.priority});
-        v.picks.emplace_back(s, pos);
-        if (v.candidates.size() == max_batch_) break;
-      }
+        v.picks.push_back(p);
+        return v.candidates.size() < max_batch_;
+      });
     }
     return first_starving;
   }
 
   bool lane_starving(std::size_t lane, std::size_t b, BatchTime now) noexcept {
-    const auto s = staged_.sub_index(lane, b);
+    const std::size_t s = staged_.sub_index(lane, b);
+    if (staged_.live_in_sub(s) == 0) return false;
     staged_.compact(s);
-    auto& q = staged_.sub(s);
-    if (q.live == 0 || q.head >= q.keys.size()) return false;
-    const Entry& e = staged_.entry(q.keys[q.head].slot);
-    return now - e.meta.arrival >= config_.starvation_limit;
+    const Entry* e = staged_.first(s);
+    return e != nullptr && now - e->meta.arrival >= config_.starvation_limit;
   }
 
   void form(Batch& b, const Round& round, BatchTime now) noexcept {
@@ -1074,14 +1117,15 @@ class Pipeline {
     // Within the reserved capacity, and Entry moves are expected not to throw: an
     // exception here terminates (this is noexcept) rather than lose a request.
     for (std::size_t i = 0; i < count; ++i) {
-      const Pick p = v.picks[i];
-      Entry e = staged_.take(p.first, p.second);
+      const Pick& p = v.picks[i];
+      Entry& e = staged_.at(p);
       b.opened = std::min(b.opened, e.meta.arrival);
       b.reqs.push_back(std::move(e.req));
-      b.metas.push_back(std::move(e.meta));
+      b.metas.push_back(std::move(e.meta));  // leaves e gone
+      staged_.removed(p);
     }
     const std::size_t n = b.metas.size();
-    removed_ += n;
+    dequeued_local_ += n;
     b.padded = n;
     if constexpr (std::copy_constructible<Req>) {
       const std::size_t want = round.decision.padded_size;
@@ -1100,12 +1144,11 @@ class Pipeline {
     }
     b.reason = round.decision.reason;
     b.formed = now;
-    for (const Pick& p : v.picks) staged_.compact(p.first);
+    for (const Pick& p : v.picks) staged_.compact(p.sub);
     in_flight_.fetch_add(n, std::memory_order_relaxed);
     dispatched_[static_cast<std::size_t>(b.reason)].fetch_add(1, std::memory_order_relaxed);
     batched_requests_.fetch_add(n, std::memory_order_relaxed);
     update_drain_rate(n, now);
-    sync_removed();
     if (metrics_) {
       metrics_->dispatch[static_cast<std::size_t>(b.reason)]->inc();
       metrics_->batched->inc(n);
@@ -1268,23 +1311,25 @@ class Pipeline {
   // Shared between submitters and the leader, under mu_.
   mutable std::mutex mu_;
   std::condition_variable work_cv_;
-  std::vector<Entry> incoming_;
-  std::size_t queued_ = 0;
-  std::uint64_t accepted_ = 0;
-  std::size_t wake_at_queued_ = 1;
+  std::vector<std::vector<Entry>> incoming_;      // per sub-queue (priority, bucket)
+  std::vector<std::uint32_t> incoming_dirty_;     // sub-queues with something incoming
+  std::atomic<std::uint64_t> enqueued_{0};        // accepted so far; written under mu_
+  std::uint64_t wake_at_enqueued_ = 1;
   BatchTime wake_if_deadline_before_ = BatchTime::min();
   BatchTime drain_deadline_ = BatchTime::max();
   bool leader_sleeping_ = false;
   bool cancel_pending_ = false;
   std::atomic<bool> closing_{false};
-  std::atomic<std::size_t> queued_mirror_{0};
+  std::atomic<std::uint64_t> dequeued_{0};  // taken off the queue; written by the leader
 
   // The leader's, under lead_mu_.
   std::mutex lead_mu_;
   Staged staged_;
-  std::vector<Entry> ingest_;
+  std::vector<std::pair<std::size_t, std::vector<Entry>>> ingest_;
   std::vector<View> views_;
-  std::size_t removed_ = 0;  // taken off the queue since queued_ was last updated
+  std::uint64_t dequeued_local_ = 0;
+  std::vector<std::uint32_t> deferred_;  // sub-queues whose newcomers were left aside this step
+  bool force_ingest_ = false;
   bool finished_ = false;
   std::uint64_t rate_count_ = 0;
   BatchTime last_rate_sample_{};

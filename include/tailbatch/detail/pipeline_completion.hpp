@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 #include <functional>
 #include <new>
 #include <type_traits>
@@ -42,20 +43,12 @@ class Completion {
     }
   }
 
-  Completion(Completion&& other) noexcept : ops_(other.ops_) {
-    if (ops_ != nullptr) {
-      ops_->relocate(other.buf_, buf_);
-      other.ops_ = nullptr;
-    }
-  }
+  Completion(Completion&& other) noexcept : ops_(other.ops_) { take(other); }
   Completion& operator=(Completion&& other) noexcept {
     if (this != &other) {
       reset();
       ops_ = other.ops_;
-      if (ops_ != nullptr) {
-        ops_->relocate(other.buf_, buf_);
-        other.ops_ = nullptr;
-      }
+      take(other);
     }
     return *this;
   }
@@ -65,44 +58,70 @@ class Completion {
 
   [[nodiscard]] explicit operator bool() const noexcept { return ops_ != nullptr; }
 
-  // Calls the callable once with the outcome, then destroys it (even if it throws; the
-  // exception propagates). Precondition: not empty.
+  // Calls the callable once with the outcome, then destroys it, leaving this empty (also
+  // when it throws; the exception propagates). Precondition: not empty.
   void operator()(Outcome<Resp>&& outcome) {
-    struct Reset {
-      Completion* self;
-      ~Reset() { self->reset(); }
-    } reset_after{this};
-    ops_->invoke(buf_, std::move(outcome));
+    const Ops* ops = std::exchange(ops_, nullptr);
+    ops->consume(buf_, std::move(outcome));
   }
 
   void reset() noexcept {
     if (ops_ != nullptr) {
-      ops_->destroy(buf_);
+      if (ops_->destroy != nullptr) ops_->destroy(buf_);
       ops_ = nullptr;
     }
   }
 
  private:
+  // Completions move twice per request (into the queue, into the batch): a callable that
+  // is trivially copyable moves as plain bytes, without an indirect call.
+  void take(Completion& other) noexcept {
+    if (ops_ == nullptr) return;
+    if (ops_->relocate != nullptr) {
+      ops_->relocate(other.buf_, buf_);
+    } else {
+      std::memcpy(buf_, other.buf_, inline_size);
+    }
+    other.ops_ = nullptr;
+  }
+
+  template <class Fn>
+  static constexpr bool trivial = std::is_trivially_copyable_v<Fn> && std::is_trivially_destructible_v<Fn>;
+
   struct Ops {
-    void (*invoke)(void* self, Outcome<Resp>&& outcome);
-    void (*relocate)(void* from, void* to) noexcept;
-    void (*destroy)(void* self) noexcept;
+    // Invokes, then destroys (also when the call throws).
+    void (*consume)(void* self, Outcome<Resp>&& outcome);
+    void (*relocate)(void* from, void* to) noexcept;  // nullptr: copy the bytes
+    void (*destroy)(void* self) noexcept;              // nullptr: nothing to do
   };
 
   template <class Fn>
   static constexpr Ops inline_ops{
-      [](void* self, Outcome<Resp>&& o) { std::invoke(*static_cast<Fn*>(self), std::move(o)); },
-      [](void* from, void* to) noexcept {
-        ::new (to) Fn(std::move(*static_cast<Fn*>(from)));
-        static_cast<Fn*>(from)->~Fn();
+      [](void* self, Outcome<Resp>&& o) {
+        struct Destroy {
+          Fn* f;
+          ~Destroy() { f->~Fn(); }
+        } guard{static_cast<Fn*>(self)};
+        std::invoke(*guard.f, std::move(o));
       },
-      [](void* self) noexcept { static_cast<Fn*>(self)->~Fn(); },
+      trivial<Fn> ? nullptr
+                  : +[](void* from, void* to) noexcept {
+                      ::new (to) Fn(std::move(*static_cast<Fn*>(from)));
+                      static_cast<Fn*>(from)->~Fn();
+                    },
+      trivial<Fn> ? nullptr : +[](void* self) noexcept { static_cast<Fn*>(self)->~Fn(); },
   };
 
   template <class Fn>
   static constexpr Ops heap_ops{
-      [](void* self, Outcome<Resp>&& o) { std::invoke(**static_cast<Fn**>(self), std::move(o)); },
-      [](void* from, void* to) noexcept { ::new (to) Fn*(*static_cast<Fn**>(from)); },
+      [](void* self, Outcome<Resp>&& o) {
+        struct Destroy {
+          Fn* f;
+          ~Destroy() { delete f; }
+        } guard{*static_cast<Fn**>(self)};
+        std::invoke(*guard.f, std::move(o));
+      },
+      nullptr,  // the pointer moves as bytes
       [](void* self) noexcept { delete *static_cast<Fn**>(self); },
   };
 

@@ -1,16 +1,19 @@
 // The Pipeline's staged queue: where queued requests wait while batches form.
 //
-// Only the thread leading batch formation touches it (no locking inside). Requests live in
-// a slot store at fixed indices; each (priority, bucket) pair has its own sub-queue of
-// small keys kept in the policy's order (arrival, or earliest deadline), so that EDF
-// reordering moves 24-byte keys, never requests. A removed request leaves a tombstone key
-// that the sub-queue skips and compacts away.
+// Only the thread leading batch formation touches it (no locking inside). Requests are
+// never moved while they wait: submitters append them to per-(priority, bucket) vectors,
+// and the leader swaps each filled vector in whole as a chunk of the matching sub-queue.
+// A fifo sub-queue is read chunk by chunk; an earliest-deadline sub-queue also keeps a
+// sorted list of small keys that point into its chunks. A request taken out (into a
+// batch, or completed early) is marked gone by the caller; a chunk is recycled once
+// nothing in it is live, so that after warm-up no step allocates.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
+#include <deque>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -18,126 +21,267 @@
 
 namespace tailbatch::detail {
 
-template <class Entry>
+// Traits: static bool gone(const Entry&), static BatchTime deadline(const Entry&),
+// static std::uint64_t seq(const Entry&).
+template <class Entry, class Traits>
 class StagedQueue {
  public:
-  static constexpr std::uint32_t tombstone = 0xffffffffu;
-
   struct Key {
-    BatchTime order_time;  // the deadline under earliest_deadline order; unused under fifo
-    std::uint64_t seq;     // arrival order, unique
-    std::uint32_t slot;    // index into the slot store, or tombstone
+    BatchTime deadline;
+    std::uint64_t seq;
+    std::uint64_t serial;  // the chunk's serial number in its sub-queue
+    std::size_t index;     // the entry's index in that chunk
   };
 
-  struct SubQueue {
-    std::vector<Key> keys;
-    std::size_t head = 0;         // keys before head are all tombstones
-    std::size_t sorted_end = 0;   // keys from here on arrived since the last settle()
+  struct Chunk {
+    std::vector<Entry> entries;
+    std::size_t head = 0;  // entries before head are gone (fifo)
     std::size_t live = 0;
   };
 
+  struct Sub {
+    std::deque<Chunk> chunks;
+    std::uint64_t front_serial = 0;  // serial of chunks.front()
+    std::size_t live = 0;
+    // earliest_deadline only:
+    std::vector<Key> keys;
+    std::size_t key_head = 0;
+    std::size_t sorted_end = 0;
+  };
+
+  // Where an entry is: sub-queue, chunk serial, index.
+  struct Pos {
+    std::uint32_t sub;
+    std::uint64_t serial;
+    std::size_t index;
+  };
+
   StagedQueue(std::size_t lanes, std::size_t buckets, BatchOrder order)
-      : lanes_(lanes), buckets_(buckets), order_(order), subs_(lanes * buckets), bucket_live_(buckets, 0) {}
+      : lanes_(lanes), buckets_(buckets), edf_(order == BatchOrder::earliest_deadline), subs_(lanes * buckets),
+        bucket_live_(buckets, 0) {}
 
   [[nodiscard]] std::size_t size() const noexcept { return live_; }
   [[nodiscard]] std::size_t lanes() const noexcept { return lanes_; }
   [[nodiscard]] std::size_t buckets() const noexcept { return buckets_; }
+  [[nodiscard]] std::size_t sub_count() const noexcept { return subs_.size(); }
   [[nodiscard]] std::size_t live_in_bucket(std::size_t bucket) const noexcept { return bucket_live_[bucket]; }
+  [[nodiscard]] std::size_t live_in_sub(std::size_t sub) const noexcept { return subs_[sub].live; }
   [[nodiscard]] std::size_t sub_index(std::size_t lane, std::size_t bucket) const noexcept {
     return bucket * lanes_ + lane;
   }
-  [[nodiscard]] SubQueue& sub(std::size_t index) noexcept { return subs_[index]; }
-  [[nodiscard]] Entry& entry(std::uint32_t slot) noexcept { return *slots_[slot]; }
 
-  // Stages e. Allocates only while the store grows past its high-water mark.
-  // Exception-safe: everything that allocates happens before e is moved from, so if
-  // this throws (std::bad_alloc) e is intact and nothing changed.
-  void push(Entry&& e, std::size_t lane, std::size_t bucket, BatchTime order_time, std::uint64_t seq) {
-    SubQueue& q = subs_[sub_index(lane, bucket)];
-    if (q.keys.size() == q.keys.capacity()) q.keys.reserve(std::max<std::size_t>(16, 2 * q.keys.capacity()));
-    std::uint32_t slot;
-    if (!free_.empty()) {
-      slot = free_.back();
-      slots_[slot].emplace(std::move(e));
-      free_.pop_back();
-    } else {
-      if (slots_.size() == slots_.capacity()) slots_.reserve(std::max<std::size_t>(64, 2 * slots_.capacity()));
-      // take() pushes onto free_ without allocating: room for every slot.
-      if (free_.capacity() < slots_.capacity()) free_.reserve(slots_.capacity());
-      slot = static_cast<std::uint32_t>(slots_.size());
-      slots_.emplace_back(std::in_place, std::move(e));
+  // An empty vector to swap with a submitters' vector: the recycled one with the most
+  // capacity, so that submitters rarely grow theirs. Never allocates.
+  [[nodiscard]] std::vector<Entry> spare() noexcept {
+    if (pool_.empty()) return {};
+    std::size_t best = 0;
+    for (std::size_t i = 1; i < pool_.size(); ++i) {
+      if (pool_[i].capacity() > pool_[best].capacity()) best = i;
     }
-    q.keys.push_back(Key{order_time, seq, slot});
-    ++q.live;
-    ++bucket_live_[bucket];
-    ++live_;
-    if (order_ == BatchOrder::earliest_deadline) dirty_ = true;
+    std::vector<Entry> v = std::move(pool_[best]);
+    pool_[best] = std::move(pool_.back());
+    pool_.pop_back();
+    return v;
   }
 
-  // Restores the order after pushes (earliest_deadline only: fifo is ordered by arrival).
-  // Allocates only while a scratch buffer grows.
+  // Fifo only: when sub-queue s holds few live entries (at most `few`) spread over large
+  // chunks, moves them into one small chunk and recycles the large ones, so that the
+  // next spare() hands submitters a vector that is already big. Moves at most `few`
+  // entries; allocates only if no recycled vector can hold them (then throws
+  // std::bad_alloc with nothing changed).
+  void condense(std::size_t s, std::size_t few) {
+    Sub& q = subs_[s];
+    if (edf_ || q.chunks.empty() || q.live > few) return;
+    std::size_t large = 0;
+    for (const Chunk& c : q.chunks) large += c.entries.capacity() > 4 * few ? 1 : 0;
+    if (large == 0) return;
+    std::vector<Entry> small;
+    std::size_t fit = pool_.size();
+    for (std::size_t i = 0; i < pool_.size(); ++i) {
+      if (pool_[i].capacity() >= q.live && (fit == pool_.size() || pool_[i].capacity() < pool_[fit].capacity())) fit = i;
+    }
+    if (fit < pool_.size()) {
+      small = std::move(pool_[fit]);
+      pool_[fit] = std::move(pool_.back());
+      pool_.pop_back();
+    } else {
+      small.reserve(few);
+    }
+    for (Chunk& c : q.chunks) {
+      for (std::size_t i = c.head; i < c.entries.size(); ++i) {
+        if (!Traits::gone(c.entries[i])) small.push_back(std::move(c.entries[i]));  // within capacity
+      }
+    }
+    // Recycle every old chunk but the first, which takes the small vector's place.
+    const std::size_t old = q.chunks.size();
+    for (std::size_t i = 1; i < old; ++i) {
+      q.chunks[i].entries.clear();
+      pool_.push_back(std::move(q.chunks[i].entries));
+    }
+    Chunk& front = q.chunks.front();
+    front.entries.clear();
+    pool_.push_back(std::move(front.entries));
+    while (q.chunks.size() > 1) q.chunks.pop_back();
+    chunks_ -= old - 1;
+    q.front_serial += old - 1;
+    front.entries = std::move(small);
+    front.head = 0;
+    front.live = front.entries.size();
+  }
+
+  // Appends a chunk of entries (all of this sub-queue) in arrival order. Allocates a
+  // little (deque blocks, keys) until warmed up; throws std::bad_alloc with nothing changed
+  // but `entries` kept by the caller on failure.
+  void add_chunk(std::size_t s, std::vector<Entry>& entries) {
+    if (entries.empty()) return;
+    Sub& q = subs_[s];
+    if (edf_ && q.keys.capacity() < q.keys.size() + entries.size()) {
+      q.keys.reserve(std::max(2 * q.keys.capacity(), q.keys.size() + entries.size()));
+    }
+    // compact() recycles into the pool without allocating: room for every chunk.
+    if (pool_.capacity() < pool_.size() + chunks_ + 1) pool_.reserve(2 * (pool_.size() + chunks_ + 1));
+    q.chunks.emplace_back();
+    ++chunks_;
+    Chunk& c = q.chunks.back();
+    c.entries.swap(entries);
+    c.live = c.entries.size();
+    const std::uint64_t serial = q.front_serial + q.chunks.size() - 1;
+    if (edf_) {
+      for (std::size_t i = 0; i < c.entries.size(); ++i) {
+        q.keys.push_back(Key{Traits::deadline(c.entries[i]), Traits::seq(c.entries[i]), serial, i});
+      }
+      dirty_ = true;
+    }
+    q.live += c.live;
+    bucket_live_[s / lanes_] += c.live;
+    live_ += c.live;
+  }
+
+  // Restores earliest-deadline order after add_chunk. Allocates only while the scratch
+  // buffer grows (std::bad_alloc leaves the order as it was).
   void settle() {
     if (!dirty_) return;
     dirty_ = false;
     const auto less = [](const Key& a, const Key& b) {
-      return a.order_time != b.order_time ? a.order_time < b.order_time : a.seq < b.seq;
+      return a.deadline != b.deadline ? a.deadline < b.deadline : a.seq < b.seq;
     };
-    for (SubQueue& q : subs_) {
-      q.sorted_end = std::max(q.sorted_end, q.head);
+    for (Sub& q : subs_) {
+      q.sorted_end = std::max(q.sorted_end, q.key_head);
       if (q.sorted_end >= q.keys.size()) continue;
       const auto mid = q.keys.begin() + static_cast<std::ptrdiff_t>(q.sorted_end);
       std::sort(mid, q.keys.end(), less);
-      if (q.sorted_end > q.head) {
+      if (q.sorted_end > q.key_head) {
         scratch_.clear();
-        std::merge(q.keys.begin() + static_cast<std::ptrdiff_t>(q.head), mid, mid, q.keys.end(),
+        scratch_.reserve(q.keys.size() - q.key_head);
+        std::merge(q.keys.begin() + static_cast<std::ptrdiff_t>(q.key_head), mid, mid, q.keys.end(),
                    std::back_inserter(scratch_), less);
         q.keys.swap(scratch_);
-        q.head = 0;
+        q.key_head = 0;
       }
       q.sorted_end = q.keys.size();
     }
   }
 
-  // Moves the entry at key position pos of sub-queue s out and leaves a tombstone.
-  [[nodiscard]] Entry take(std::size_t s, std::size_t pos) {
-    SubQueue& q = subs_[s];
-    Key& k = q.keys[pos];
-    std::optional<Entry>& cell = slots_[k.slot];
-    Entry out(std::move(*cell));
-    cell.reset();
-    free_.push_back(k.slot);
-    k.slot = tombstone;
-    --q.live;
-    --bucket_live_[s / lanes_];
-    --live_;
+  [[nodiscard]] Entry& at(const Pos& p) noexcept {
+    Sub& q = subs_[p.sub];
+    return q.chunks[static_cast<std::size_t>(p.serial - q.front_serial)].entries[p.index];
+  }
+
+  // Calls f(Entry&, Pos) for the live entries of sub-queue s in order until f returns
+  // false. f may mark the entry it is given removed (and nothing else).
+  template <class F>
+  void for_each(std::size_t s, F&& f) {
+    Sub& q = subs_[s];
+    const auto sub = static_cast<std::uint32_t>(s);
+    if (!edf_) {
+      for (std::size_t ci = 0; ci < q.chunks.size(); ++ci) {
+        Chunk& c = q.chunks[ci];
+        if (c.live == 0) continue;
+        for (std::size_t i = c.head; i < c.entries.size(); ++i) {
+          Entry& e = c.entries[i];
+          if (Traits::gone(e)) continue;
+          if (!f(e, Pos{sub, q.front_serial + ci, i})) return;
+        }
+      }
+      return;
+    }
+    for (std::size_t k = q.key_head; k < q.keys.size(); ++k) {
+      const Key& key = q.keys[k];
+      if (key.serial < q.front_serial) continue;
+      Entry& e = q.chunks[static_cast<std::size_t>(key.serial - q.front_serial)].entries[key.index];
+      if (Traits::gone(e)) continue;
+      if (!f(e, Pos{sub, key.serial, key.index})) return;
+    }
+  }
+
+  // The first live entry of sub-queue s, or nullptr.
+  [[nodiscard]] Entry* first(std::size_t s) noexcept {
+    Entry* out = nullptr;
+    if (subs_[s].live == 0) return out;
+    for_each(s, [&](Entry& e, const Pos&) {
+      out = &e;
+      return false;
+    });
     return out;
   }
 
-  // Drops the tombstones at the front of sub-queue s, and the dead prefix once it is long.
+  // Records that the entry at p is gone (the caller has moved its contents out).
+  void removed(const Pos& p) noexcept {
+    Sub& q = subs_[p.sub];
+    --q.chunks[static_cast<std::size_t>(p.serial - q.front_serial)].live;
+    --q.live;
+    --bucket_live_[p.sub / lanes_];
+    --live_;
+  }
+
+  // Drops what is gone from the front of sub-queue s and recycles emptied chunks. Never
+  // allocates (the pool has room, reserved in add_chunk).
   void compact(std::size_t s) noexcept {
-    SubQueue& q = subs_[s];
-    while (q.head < q.keys.size() && q.keys[q.head].slot == tombstone) ++q.head;
-    if (q.head == q.keys.size()) {
+    Sub& q = subs_[s];
+    while (!q.chunks.empty()) {
+      Chunk& c = q.chunks.front();
+      if (c.live > 0) {
+        if (!edf_) {
+          while (c.head < c.entries.size() && Traits::gone(c.entries[c.head])) ++c.head;
+        }
+        break;
+      }
+      c.entries.clear();
+      pool_.push_back(std::move(c.entries));
+      q.chunks.pop_front();
+      --chunks_;
+      ++q.front_serial;
+    }
+    if (!edf_) return;
+    while (q.key_head < q.keys.size()) {
+      const Key& key = q.keys[q.key_head];
+      if (key.serial >= q.front_serial &&
+          !Traits::gone(q.chunks[static_cast<std::size_t>(key.serial - q.front_serial)].entries[key.index])) {
+        break;
+      }
+      ++q.key_head;
+    }
+    if (q.key_head == q.keys.size()) {
       q.keys.clear();
-      q.head = 0;
+      q.key_head = 0;
       q.sorted_end = 0;
-    } else if (q.head >= 256 && q.head * 2 >= q.keys.size()) {
-      q.keys.erase(q.keys.begin(), q.keys.begin() + static_cast<std::ptrdiff_t>(q.head));
-      q.sorted_end -= std::min(q.sorted_end, q.head);
-      q.head = 0;
+    } else if (q.key_head >= 256 && q.key_head * 2 >= q.keys.size()) {
+      q.keys.erase(q.keys.begin(), q.keys.begin() + static_cast<std::ptrdiff_t>(q.key_head));
+      q.sorted_end -= std::min(q.sorted_end, q.key_head);
+      q.key_head = 0;
     }
   }
 
  private:
   std::size_t lanes_;
   std::size_t buckets_;
-  BatchOrder order_;
-  std::vector<SubQueue> subs_;
+  bool edf_;
+  std::vector<Sub> subs_;
   std::vector<std::size_t> bucket_live_;
-  std::vector<std::optional<Entry>> slots_;
-  std::vector<std::uint32_t> free_;
+  std::vector<std::vector<Entry>> pool_;
   std::vector<Key> scratch_;
   std::size_t live_ = 0;
+  std::size_t chunks_ = 0;
   bool dirty_ = false;
 };
 
