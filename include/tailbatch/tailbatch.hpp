@@ -12,3 +12,6 @@
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/token_streamer.hpp>
 #include <tailbatch/continuous_batcher.hpp>
+#include <tailbatch/reference/tokenizer.hpp>
+#include <tailbatch/reference/classifier.hpp>
+#include <tailbatch/reference/classifier_model.hpp>
