@@ -1,6 +1,6 @@
 // FallbackLanes and the classifier adapter behind a Pipeline. Runs everywhere: without a
 // GPU the StreamPool cannot open (no driver, no device) and the lanes fall back to the
-// host; with one, the streams open, and a StreamPool asked for 64 TiB of pinned memory
+// host; with one, the streams open, and a StreamPool asked for 4 TiB of pinned memory
 // fails with out-of-memory and falls back instead. Either way the fallback must be logged
 // (to the user's sink) and visible in the metrics, and the Pipeline's answers must equal
 // the CPU twin's.
@@ -89,7 +89,7 @@ int main() {
                                .log = [&](std::string_view line) { log.emplace_back(line); },
                                .metrics = &registry,
                                .metric_labels = {{"pipeline", "classifier"}}};
-    if (why.empty()) config.device.staging_bytes = std::size_t{1} << 46;
+    if (why.empty()) config.device.staging_bytes = std::size_t{1} << 42;  // 4 TiB pinned: out of memory
     {
       FallbackLanes lanes(config);
       CHECK(!lanes.on_device());

@@ -157,7 +157,7 @@ void check_construction_errors() {
   TAILBATCH_CUDA_CHECK(cudaGetDeviceCount(&count));
   CHECK_THROWS_AS(StreamPool(StreamPoolConfig{.device = count}), std::invalid_argument);
   try {
-    StreamPool p(StreamPoolConfig{.lanes = 1, .staging_bytes = std::size_t{1} << 46});  // 64 TiB of pinned memory
+    StreamPool p(StreamPoolConfig{.lanes = 1, .staging_bytes = std::size_t{1} << 42});  // 4 TiB of pinned memory
     CHECK(false);
   } catch (const CudaError& e) {
     std::printf("out of memory reads: %s\n", e.what());

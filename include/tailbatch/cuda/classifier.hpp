@@ -44,7 +44,7 @@ inline constexpr std::size_t align_up(std::size_t n, std::size_t a = 256) noexce
 // forward throws CudaError, std::invalid_argument and std::out_of_range as documented.
 class DeviceClassifier {
  public:
-  // Uploads cpu's weights to `device` (blocks for the copies; about 50 MB by default).
+  // Uploads cpu's weights to `device` (blocks for the copies; about 48 MiB by default).
   // cpu must outlive this object. Throws CudaError.
   explicit DeviceClassifier(const reference::Classifier& cpu, int device = 0) : cpu_(&cpu), device_(device) {
     TAILBATCH_CUDA_CHECK_IN("DeviceClassifier", cudaSetDevice(device));
