@@ -106,3 +106,17 @@ tailbatch_cli_test(load_bad_steps tailbatch-load RC nonzero
   ARGS --steps 100 --quiet EXPECT "cannot read \"100\"")
 tailbatch_cli_test(load_cap_starves_batcher tailbatch-load RC nonzero
   ARGS --rate 10 --max-in-flight 4 --max-batch 16 --lanes 2 --quiet EXPECT "admission limit is below")
+
+# ---- before_after_demo -------------------------------------------------------------------
+# The flagship demo in its short form (about 15 s): it runs, measures both setups, and
+# prints a verdict computed from its measurements (which verdict depends on the machine).
+tailbatch_cli_test(demo_quick before_after_demo RC 0
+  ARGS --quick --out plots
+  EXPECT "BEFORE: batching off"
+         "AFTER: dynamic batching"
+         "saturation point [(]highest offered rate"
+         "mini challenge [(]reduce p95 by 20 % without increasing cost per request[)]: (MET|NOT MET)"
+         "plots/latency_vs_load.svg"
+         "plots/cost_vs_load.svg")
+tailbatch_cli_test(demo_bad_window before_after_demo RC nonzero
+  ARGS --window-ms -1 EXPECT "--window-ms")
