@@ -4,6 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 cmake --preset default >/dev/null
-demo=histogram_basics
+demo=before_after_demo
 cmake --build --preset default --target "$demo"
 exec ./build/default/examples/"$demo" "$@"

@@ -15,3 +15,8 @@
 #include <tailbatch/reference/tokenizer.hpp>
 #include <tailbatch/reference/classifier.hpp>
 #include <tailbatch/reference/classifier_model.hpp>
+#include <tailbatch/planner.hpp>
+#include <tailbatch/svg_plot.hpp>
+#include <tailbatch/load_profile.hpp>
+#include <tailbatch/load_generator.hpp>
+#include <tailbatch/simulator.hpp>
