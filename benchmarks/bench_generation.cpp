@@ -19,6 +19,9 @@
 // Counters: steps (decode steps run), ideal_ratio (E[longest of 16] / E[length] for the
 // length distribution, exact), ideal_ratio_sample (the same for the very lengths drawn).
 //
+//   BM_Generation_Step/batch:N  one decode step of the generator over N sequences (the
+//                               cost model both batchers rely on): flat from 1 to 16.
+//
 // What this does not show: a GPU (the step's cost here comes from a CPU lane-group kernel
 // that is flat from 1 to 16 sequences, see docs/continuous-batching.md), preemption, or
 // prompts long enough for chunked prefill to matter.
@@ -317,6 +320,23 @@ void BM_Generation_Static(benchmark::State& state) {
   if (open_loop) report_ttft(state, streams, rate);
 }
 
+void BM_Generation_Step(benchmark::State& state) {
+  auto& g = generator();
+  const auto n = static_cast<std::size_t>(state.range(0));
+  std::vector<GeneratorState> states(n);
+  std::vector<GeneratorLane> lanes(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    states[i] = g.new_state(i);
+    lanes[i].state = &states[i];
+    lanes[i].feed = std::span<const std::int32_t>(&states[i].next_input, 1);
+  }
+  reference::GeneratorWorkspace ws;
+  for (auto _ : state) g.step(lanes, ws);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * n));
+  state.counters["weight_MiB"] = static_cast<double>(g.weight_bytes_per_step()) / 1048576.0;
+}
+
+BENCHMARK(BM_Generation_Step)->ArgName("batch")->Arg(1)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_Generation_Continuous)->ArgName("open_loop")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Generation_Static)->ArgName("open_loop")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
