@@ -75,7 +75,7 @@ void BM_Pipeline_NoopModel(benchmark::State& state) {
     run_producers([&](int x) { p.submit(x, [&done](Outcome<int>&&) noexcept { done.arrive(); }); });
     done.wait_all();
   };
-  round();  // warm-up, untimed: every batcher here is measured in its steady state
+  for (int i = 0; i < 3; ++i) round();  // warm-up, untimed: every batcher here is measured in its steady state
   for (auto _ : state) round();
   p.shutdown();  // stats are exact once shut down
   const PipelineStats s = p.stats();
@@ -159,7 +159,7 @@ void BM_Baseline_NaiveBatcher(benchmark::State& state) {
     }
     for (auto& th : threads) th.join();
   };
-  round();  // warm-up, untimed
+  for (int i = 0; i < 3; ++i) round();  // warm-up, untimed
   for (auto _ : state) round();
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(kTotal));
   state.counters["ns_per_request"] = benchmark::Counter(
@@ -239,7 +239,7 @@ void BM_Baseline_SwapBatcher(benchmark::State& state) {
     run_producers([&](int x) { b.submit(x, [](void* d, int) { static_cast<Done*>(d)->arrive(); }, &done); });
     done.wait_all();
   };
-  round();  // warm-up, untimed
+  for (int i = 0; i < 3; ++i) round();  // warm-up, untimed
   for (auto _ : state) round();
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(kTotal));
   state.counters["ns_per_request"] = benchmark::Counter(

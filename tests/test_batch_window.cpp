@@ -252,7 +252,7 @@ TEST_CASE("DeadlineAware: bad configuration names the field") {
 }
 
 TEST_CASE("Reason and priority names are stable") {
-  CHECK(to_string(DispatchReason::token_budget) == "token_budget");
-  CHECK(to_string(DispatchReason::flush) == "flush");
-  CHECK(to_string(Priority::low) == "low");
+  CHECK(std::string(to_string(DispatchReason::token_budget)) == "token_budget");
+  CHECK(std::string(to_string(DispatchReason::flush)) == "flush");
+  CHECK(std::string(to_string(Priority::low)) == "low");
 }

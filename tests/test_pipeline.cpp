@@ -356,7 +356,7 @@ TEST_CASE("Pipeline (manual): a model that throws fails its batch and the pipeli
   for (auto* f : {&a, &b}) {
     Outcome<int> o = f->get();
     CHECK(o.status() == Status::failed);
-    CHECK(o.message() == "out of GPU memory");
+    CHECK(std::string(o.message()) == "out of GPU memory");
     CHECK_THROWS_AS(o.value(), BadOutcomeAccess);
   }
   CHECK(c.get().value() == 3);

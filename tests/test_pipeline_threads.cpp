@@ -199,7 +199,7 @@ TEST_CASE("Pipeline (threads): a throwing model fails its batches and the worker
       CHECK(o.value() == i);
     } else {
       ++failed;
-      CHECK(o.message() == "bad batch");
+      CHECK(std::string(o.message()) == "bad batch");
     }
   }
   CHECK(ok == 10);

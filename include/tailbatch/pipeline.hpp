@@ -242,7 +242,7 @@ class Pipeline {
   // worker thread (or in poll()'s caller). It should be quick and should not throw: an
   // exception it throws is caught, counted (stats().callback_exceptions, metric
   // tailbatch_pipeline_callback_exceptions_total) and dropped, and affects nothing else.
-  // A callable of up to 48 bytes that is nothrow-movable is stored without allocating;
+  // A callable of up to 24 bytes (pointer-aligned, nothrow-movable) is stored without allocating;
   // a larger one is allocated once. A cancellable token allocates a small record.
   // Never blocks beyond a short internal lock; never throws. Thread-safe.
   template <class F>
@@ -390,28 +390,39 @@ class Pipeline {
     detail::Completion<Resp> done;
     BatchTime arrival;
     std::unique_ptr<Hook> cancel;
-    Ticket ticket;
+    [[no_unique_address]] Ticket ticket;
   };
 
+  // The request's cost is stored only for policies that read it.
+  struct NoCost {};
+  using CostField = std::conditional_t<detail::policy_uses_cost<Policy>(), std::size_t, NoCost>;
+
+  // A queued request. Its priority and bucket are those of the sub-queue holding it.
   struct Entry {
     Req req;
     Meta meta;
     BatchTime deadline;
-    std::uint64_t seq;
-    std::size_t cost;
-    Priority priority;
+    [[no_unique_address]] CostField cost;
 
     Entry(Req&& r, detail::Completion<Resp>&& d, BatchTime arrival, std::unique_ptr<Hook>&& h, Ticket&& t,
-          BatchTime dl, std::uint64_t sq, std::size_t c, Priority p)
-        : req(std::move(r)), meta{std::move(d), arrival, std::move(h), std::move(t)}, deadline(dl), seq(sq), cost(c),
-          priority(p) {}
+          BatchTime dl, [[maybe_unused]] std::size_t c)
+        : req(std::move(r)), meta{std::move(d), arrival, std::move(h), std::move(t)}, deadline(dl) {
+      if constexpr (std::is_same_v<CostField, std::size_t>) cost = c;
+    }
+
+    [[nodiscard]] std::size_t cost_value() const noexcept {
+      if constexpr (std::is_same_v<CostField, std::size_t>) {
+        return cost;
+      } else {
+        return 1;
+      }
+    }
   };
 
   // A taken or completed entry has given its completion away.
   struct EntryTraits {
     static bool gone(const Entry& e) noexcept { return !e.meta.done; }
     static BatchTime deadline(const Entry& e) noexcept { return e.deadline; }
-    static std::uint64_t seq(const Entry& e) noexcept { return e.seq; }
   };
 
   struct Batch {
@@ -460,8 +471,9 @@ class Pipeline {
     validate();
     incoming_.resize(staged_.sub_count());
     incoming_dirty_.reserve(staged_.sub_count());
-    deferred_.reserve(staged_.sub_count());
     ingest_.reserve(staged_.sub_count());
+    spare_chains_.resize(staged_.sub_count());
+    chunk_entries_ = std::clamp<std::size_t>(16384 / sizeof(Entry), 16, 1024);
     views_.resize(staged_.buckets());
     for (View& v : views_) {
       v.candidates.reserve(max_batch_);
@@ -629,14 +641,17 @@ class Pipeline {
         } else if (enq - dequeued_.load(std::memory_order_relaxed) >= config_.queue_capacity) {
           refused = RejectReason::queue_full;
         } else {
-          std::vector<Entry>& v = incoming_[sub];
-          // Allocation, the only thing that can throw here, happens before the arguments
-          // are moved from: on failure they are still ours.
-          v.emplace_back(std::move(req), std::move(done), now, std::move(hook), std::move(*ticket), deadline, enq, cost,
-                         options.priority);
-          if (v.size() == 1) incoming_dirty_.push_back(static_cast<std::uint32_t>(sub));
+          std::vector<std::vector<Entry>>& chain = incoming_[sub];
+          if (chain.empty() || chain.back().size() == chain.back().capacity()) new_chunk_locked(chain);
+          // Allocation, the only thing that can throw here, happened above, before the
+          // arguments were moved from: on failure they are still ours. This never
+          // reallocates: requests never move while they wait.
+          chain.back().emplace_back(std::move(req), std::move(done), now, std::move(hook), std::move(*ticket), deadline,
+                                    cost);
+          if (chain.size() == 1 && chain.back().size() == 1) incoming_dirty_.push_back(static_cast<std::uint32_t>(sub));
           enqueued_.store(enq + 1, std::memory_order_relaxed);
           wake = leader_sleeping_ && (enq + 1 >= wake_at_enqueued_ || deadline < wake_if_deadline_before_);
+          if (wake) leader_sleeping_ = false;  // one wake-up is enough
         }
 #if TAILBATCH_HAS_EXCEPTIONS
       } catch (...) {
@@ -657,6 +672,23 @@ class Pipeline {
                   std::move(hook));
   }
 
+  // Appends an empty chunk to chain: a recycled one, or a new one. Under mu_. Throws
+  // std::bad_alloc with nothing changed.
+  void new_chunk_locked(std::vector<std::vector<Entry>>& chain) {
+    if (chain.size() == chain.capacity()) chain.reserve(std::max<std::size_t>(4, 2 * chain.capacity()));
+    if (free_chunks_.empty()) {
+      std::vector<Entry> fresh;
+      fresh.reserve(chunk_entries_);
+      // Every chunk may come back to the free list at once: room for all of them.
+      free_chunks_.reserve(chunks_made_ + 1);
+      ++chunks_made_;
+      chain.push_back(std::move(fresh));
+    } else {
+      chain.push_back(std::move(free_chunks_.back()));
+      free_chunks_.pop_back();
+    }
+  }
+
   // The time the current drain rate needs to empty the queue as it stands.
   std::chrono::nanoseconds retry_after_hint() const noexcept {
     const double rate = drain_rate_.load(std::memory_order_relaxed);
@@ -672,7 +704,7 @@ class Pipeline {
     {
       std::lock_guard lock(p->mu_);
       p->cancel_pending_ = true;
-      wake = p->leader_sleeping_;
+      wake = std::exchange(p->leader_sleeping_, false);
     }
     if (wake) p->work_cv_.notify_one();
   }
@@ -833,24 +865,14 @@ class Pipeline {
         closing = closing_.load(std::memory_order_relaxed);
         cancels = std::exchange(cancel_pending_, false);
         drain_deadline = drain_deadline_;
-        // A fifo sub-queue that already holds a full batch need not take its newcomers
-        // yet: they queue behind it anyway. Leaving them where they are keeps both vectors
-        // warm and moves nothing. Everything is taken when order, cancellation or
-        // shutdown needs it.
-        const bool all = force_ingest_ || closing || cancels || policy_.order() == BatchOrder::earliest_deadline;
-        force_ingest_ = false;
-        deferred_.clear();
+        // Whole chains of chunks change hands; no request moves.
         for (const std::uint32_t s : incoming_dirty_) {
-          if (!all && staged_.live_in_sub(s) >= max_batch_) {
-            deferred_.push_back(s);  // within the reserved capacity
-            continue;
-          }
-          condense(s);
-          std::vector<Entry> fresh = staged_.spare();
-          fresh.swap(incoming_[s]);
-          ingest_.emplace_back(s, std::move(fresh));  // within the reserved capacity
+          ingest_.emplace_back(s, std::move(incoming_[s]));  // within the reserved capacity
+          incoming_[s] = std::move(spare_chains_.back());  // an empty chain with capacity
+          spare_chains_.pop_back();
         }
-        incoming_dirty_.assign(deferred_.begin(), deferred_.end());
+        incoming_dirty_.clear();
+        staged_.give_back_chunks(free_chunks_);  // within the capacity reserved per chunk made
       }
       stage_ingested();
       const BatchTime now = clock_.now();
@@ -862,12 +884,6 @@ class Pipeline {
         return Lead::finished;
       }
       Round round = decide_round(now, closing);
-      if (round.short_of_deferred) {
-        // A view came up short (requests dropped on the way) while newcomers for it
-        // were left aside: take them and decide again.
-        force_ingest_ = true;
-        continue;
-      }
       if (round.bucket != npos) {
         form(b, round, now);
         publish_dequeued();
@@ -884,10 +900,7 @@ class Pipeline {
         return Lead::idle;
       }
       std::unique_lock lock(mu_);
-      if (!incoming_dirty_.empty() || cancel_pending_ || closing_.load(std::memory_order_relaxed) != closing) {
-        force_ingest_ = true;  // never sleep with newcomers left aside
-        continue;
-      }
+      if (!incoming_dirty_.empty() || cancel_pending_ || closing_.load(std::memory_order_relaxed) != closing) continue;
       wake_at_enqueued_ = enqueued_.load(std::memory_order_relaxed) + std::max<std::size_t>(1, round.wake_delta);
       wake_if_deadline_before_ = round.wait.decide_again_if_deadline_before;
       leader_sleeping_ = true;
@@ -900,38 +913,30 @@ class Pipeline {
     }
   }
 
-  void condense(std::size_t s) noexcept {
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-      staged_.condense(s, max_batch_);
-    } catch (...) {
-      // Out of memory: keep the chunks as they are.
-    }
-#else
-    staged_.condense(s, max_batch_);
-#endif
-  }
-
   // Makes what the leader took off the queue visible to submitters' capacity check.
   void publish_dequeued() noexcept { dequeued_.store(dequeued_local_, std::memory_order_relaxed); }
 
   void stage_ingested() noexcept {
-    for (auto& [s, entries] : ingest_) {
+    for (auto& [s, chain] : ingest_) {
+      for (std::vector<Entry>& chunk : chain) {
 #if TAILBATCH_HAS_EXCEPTIONS
-      try {
-        staged_.add_chunk(s, entries);
-      } catch (...) {
-        // Out of memory while staging: these requests fail rather than vanish.
-        const BatchTime now = clock_.now();
-        for (Entry& e : entries) {
-          ++dequeued_local_;
-          complete_entry(e, Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}}, now);
+        try {
+          staged_.add_chunk(s, chunk);
+        } catch (...) {
+          // Out of memory while staging: these requests fail rather than vanish.
+          const BatchTime now = clock_.now();
+          for (Entry& e : chunk) {
+            ++dequeued_local_;
+            complete_entry(e, Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}}, now);
+          }
+          chunk.clear();
         }
-        entries.clear();
-      }
 #else
-      staged_.add_chunk(s, entries);
+        staged_.add_chunk(s, chunk);
 #endif
+      }
+      chain.clear();
+      spare_chains_.push_back(std::move(chain));  // within the reserved capacity
     }
     ingest_.clear();
     staged_.settle();
@@ -1003,7 +1008,6 @@ class Pipeline {
     BatchDecision decision{};   // for that bucket
     BatchDecision wait{};       // when waiting: the earliest reasons to decide again
     std::size_t wake_delta = 1;
-    bool short_of_deferred = false;
   };
 
   // Builds every non-empty bucket's view, completing dead requests on the way, and asks
@@ -1018,12 +1022,12 @@ class Pipeline {
       int starving;
       int lane;
       BatchTime key;
-      std::uint64_t seq;
+      BatchTime arrival;
       bool operator<(const Rank& o) const noexcept {
         if (starving != o.starving) return starving < o.starving;
         if (lane != o.lane) return lane < o.lane;
         if (key != o.key) return key < o.key;
-        return seq < o.seq;
+        return arrival < o.arrival;
       }
     };
     Rank best{};
@@ -1031,12 +1035,6 @@ class Pipeline {
       if (staged_.live_in_bucket(b) == 0) continue;
       View& v = views_[b];
       const bool head_starving = build_view(b, now, v);
-      if (v.candidates.size() < max_batch_ && !deferred_.empty()) {
-        for (const std::uint32_t s : deferred_) {
-          if (s / staged_.lanes() == b) round.short_of_deferred = true;
-        }
-        if (round.short_of_deferred) return round;
-      }
       if (v.candidates.empty()) continue;
       BatchView bv{std::span<const BatchCandidate>(v.candidates), staged_.live_in_bucket(b), now, flush};
       BatchDecision d = policy_.decide(bv);
@@ -1044,7 +1042,7 @@ class Pipeline {
         d.count = std::min(d.count, v.candidates.size());
         const Entry& head = staged_.at(v.picks.front());
         const BatchTime key = policy_.order() == BatchOrder::earliest_deadline ? head.deadline : BatchTime{};
-        const Rank r{head_starving ? 0 : 1, static_cast<int>(head.priority), key, head.seq};
+        const Rank r{head_starving ? 0 : 1, static_cast<int>(v.picks.front().sub % priority_levels), key, head.meta.arrival};
         if (round.bucket == npos || r < best) {
           best = r;
           round.bucket = b;
@@ -1085,13 +1083,14 @@ class Pipeline {
     for (std::size_t i = 0; i < n && v.candidates.size() < max_batch_; ++i) {
       const std::size_t s = staged_.sub_index(order[i], b);
       if (staged_.live_in_sub(s) == 0) continue;
+      const auto priority = static_cast<Priority>(order[i]);
       staged_.for_each(s, [&](Entry& e, const Pick& p) {
         if (now > e.deadline || is_cancelled(e)) {
           complete_dead(e, p, now);
           return true;
         }
         if (v.candidates.empty()) first_starving = i < starving;
-        v.candidates.push_back(BatchCandidate{e.meta.arrival, e.deadline, e.cost, e.priority});
+        v.candidates.push_back(BatchCandidate{e.meta.arrival, e.deadline, e.cost_value(), priority});
         v.picks.push_back(p);
         return v.candidates.size() < max_batch_;
       });
@@ -1311,8 +1310,12 @@ class Pipeline {
   // Shared between submitters and the leader, under mu_.
   mutable std::mutex mu_;
   std::condition_variable work_cv_;
-  std::vector<std::vector<Entry>> incoming_;      // per sub-queue (priority, bucket)
+  // Per sub-queue (priority, bucket): a chain of fixed-capacity chunks being filled.
+  std::vector<std::vector<std::vector<Entry>>> incoming_;
   std::vector<std::uint32_t> incoming_dirty_;     // sub-queues with something incoming
+  std::vector<std::vector<Entry>> free_chunks_;   // emptied chunks, capacity kept
+  std::size_t chunks_made_ = 0;
+  std::size_t chunk_entries_ = 256;
   std::atomic<std::uint64_t> enqueued_{0};        // accepted so far; written under mu_
   std::uint64_t wake_at_enqueued_ = 1;
   BatchTime wake_if_deadline_before_ = BatchTime::min();
@@ -1325,11 +1328,10 @@ class Pipeline {
   // The leader's, under lead_mu_.
   std::mutex lead_mu_;
   Staged staged_;
-  std::vector<std::pair<std::size_t, std::vector<Entry>>> ingest_;
+  std::vector<std::pair<std::size_t, std::vector<std::vector<Entry>>>> ingest_;
+  std::vector<std::vector<std::vector<Entry>>> spare_chains_;  // one per sub-queue
   std::vector<View> views_;
   std::uint64_t dequeued_local_ = 0;
-  std::vector<std::uint32_t> deferred_;  // sub-queues whose newcomers were left aside this step
-  bool force_ingest_ = false;
   bool finished_ = false;
   std::uint64_t rate_count_ = 0;
   BatchTime last_rate_sample_{};

@@ -1,8 +1,9 @@
 // The Pipeline's staged queue: where queued requests wait while batches form.
 //
 // Only the thread leading batch formation touches it (no locking inside). Requests are
-// never moved while they wait: submitters append them to per-(priority, bucket) vectors,
-// and the leader swaps each filled vector in whole as a chunk of the matching sub-queue.
+// never moved while they wait: submitters append them to fixed-capacity chunks, one chain
+// per (priority, bucket), and the leader moves whole chunks over to the matching
+// sub-queue.
 // A fifo sub-queue is read chunk by chunk; an earliest-deadline sub-queue also keeps a
 // sorted list of small keys that point into its chunks. A request taken out (into a
 // batch, or completed early) is marked gone by the caller; a chunk is recycled once
@@ -21,14 +22,14 @@
 
 namespace tailbatch::detail {
 
-// Traits: static bool gone(const Entry&), static BatchTime deadline(const Entry&),
-// static std::uint64_t seq(const Entry&).
+// Traits: static bool gone(const Entry&), static BatchTime deadline(const Entry&).
 template <class Entry, class Traits>
 class StagedQueue {
  public:
+  // (serial, index) also orders a sub-queue's entries by arrival: ties between equal
+  // deadlines go to the earlier arrival.
   struct Key {
     BatchTime deadline;
-    std::uint64_t seq;
     std::uint64_t serial;  // the chunk's serial number in its sub-queue
     std::size_t index;     // the entry's index in that chunk
   };
@@ -49,11 +50,12 @@ class StagedQueue {
     std::size_t sorted_end = 0;
   };
 
-  // Where an entry is: sub-queue, chunk serial, index.
+  // Where an entry is. Valid until the next compact() of its sub-queue
+  // (chunks in a deque keep their address while others come and go at the ends).
   struct Pos {
+    Entry* entry;
+    Chunk* chunk;
     std::uint32_t sub;
-    std::uint64_t serial;
-    std::size_t index;
   };
 
   StagedQueue(std::size_t lanes, std::size_t buckets, BatchOrder order)
@@ -70,63 +72,11 @@ class StagedQueue {
     return bucket * lanes_ + lane;
   }
 
-  // An empty vector to swap with a submitters' vector: the recycled one with the most
-  // capacity, so that submitters rarely grow theirs. Never allocates.
-  [[nodiscard]] std::vector<Entry> spare() noexcept {
-    if (pool_.empty()) return {};
-    std::size_t best = 0;
-    for (std::size_t i = 1; i < pool_.size(); ++i) {
-      if (pool_[i].capacity() > pool_[best].capacity()) best = i;
-    }
-    std::vector<Entry> v = std::move(pool_[best]);
-    pool_[best] = std::move(pool_.back());
-    pool_.pop_back();
-    return v;
-  }
-
-  // Fifo only: when sub-queue s holds few live entries (at most `few`) spread over large
-  // chunks, moves them into one small chunk and recycles the large ones, so that the
-  // next spare() hands submitters a vector that is already big. Moves at most `few`
-  // entries; allocates only if no recycled vector can hold them (then throws
-  // std::bad_alloc with nothing changed).
-  void condense(std::size_t s, std::size_t few) {
-    Sub& q = subs_[s];
-    if (edf_ || q.chunks.empty() || q.live > few) return;
-    std::size_t large = 0;
-    for (const Chunk& c : q.chunks) large += c.entries.capacity() > 4 * few ? 1 : 0;
-    if (large == 0) return;
-    std::vector<Entry> small;
-    std::size_t fit = pool_.size();
-    for (std::size_t i = 0; i < pool_.size(); ++i) {
-      if (pool_[i].capacity() >= q.live && (fit == pool_.size() || pool_[i].capacity() < pool_[fit].capacity())) fit = i;
-    }
-    if (fit < pool_.size()) {
-      small = std::move(pool_[fit]);
-      pool_[fit] = std::move(pool_.back());
-      pool_.pop_back();
-    } else {
-      small.reserve(few);
-    }
-    for (Chunk& c : q.chunks) {
-      for (std::size_t i = c.head; i < c.entries.size(); ++i) {
-        if (!Traits::gone(c.entries[i])) small.push_back(std::move(c.entries[i]));  // within capacity
-      }
-    }
-    // Recycle every old chunk but the first, which takes the small vector's place.
-    const std::size_t old = q.chunks.size();
-    for (std::size_t i = 1; i < old; ++i) {
-      q.chunks[i].entries.clear();
-      pool_.push_back(std::move(q.chunks[i].entries));
-    }
-    Chunk& front = q.chunks.front();
-    front.entries.clear();
-    pool_.push_back(std::move(front.entries));
-    while (q.chunks.size() > 1) q.chunks.pop_back();
-    chunks_ -= old - 1;
-    q.front_serial += old - 1;
-    front.entries = std::move(small);
-    front.head = 0;
-    front.live = front.entries.size();
+  // Moves the emptied chunk vectors (capacity kept) to the back of out, for submitters
+  // to fill again. Allocates only if out must grow.
+  void give_back_chunks(std::vector<std::vector<Entry>>& out) {
+    for (auto& v : pool_) out.push_back(std::move(v));
+    pool_.clear();
   }
 
   // Appends a chunk of entries (all of this sub-queue) in arrival order. Allocates a
@@ -148,7 +98,7 @@ class StagedQueue {
     const std::uint64_t serial = q.front_serial + q.chunks.size() - 1;
     if (edf_) {
       for (std::size_t i = 0; i < c.entries.size(); ++i) {
-        q.keys.push_back(Key{Traits::deadline(c.entries[i]), Traits::seq(c.entries[i]), serial, i});
+        q.keys.push_back(Key{Traits::deadline(c.entries[i]), serial, i});
       }
       dirty_ = true;
     }
@@ -163,7 +113,8 @@ class StagedQueue {
     if (!dirty_) return;
     dirty_ = false;
     const auto less = [](const Key& a, const Key& b) {
-      return a.deadline != b.deadline ? a.deadline < b.deadline : a.seq < b.seq;
+      if (a.deadline != b.deadline) return a.deadline < b.deadline;
+      return a.serial != b.serial ? a.serial < b.serial : a.index < b.index;
     };
     for (Sub& q : subs_) {
       q.sorted_end = std::max(q.sorted_end, q.key_head);
@@ -182,10 +133,7 @@ class StagedQueue {
     }
   }
 
-  [[nodiscard]] Entry& at(const Pos& p) noexcept {
-    Sub& q = subs_[p.sub];
-    return q.chunks[static_cast<std::size_t>(p.serial - q.front_serial)].entries[p.index];
-  }
+  [[nodiscard]] Entry& at(const Pos& p) noexcept { return *p.entry; }
 
   // Calls f(Entry&, Pos) for the live entries of sub-queue s in order until f returns
   // false. f may mark the entry it is given removed (and nothing else).
@@ -194,13 +142,12 @@ class StagedQueue {
     Sub& q = subs_[s];
     const auto sub = static_cast<std::uint32_t>(s);
     if (!edf_) {
-      for (std::size_t ci = 0; ci < q.chunks.size(); ++ci) {
-        Chunk& c = q.chunks[ci];
+      for (Chunk& c : q.chunks) {
         if (c.live == 0) continue;
-        for (std::size_t i = c.head; i < c.entries.size(); ++i) {
-          Entry& e = c.entries[i];
-          if (Traits::gone(e)) continue;
-          if (!f(e, Pos{sub, q.front_serial + ci, i})) return;
+        Entry* const end = c.entries.data() + c.entries.size();
+        for (Entry* e = c.entries.data() + c.head; e != end; ++e) {
+          if (Traits::gone(*e)) continue;
+          if (!f(*e, Pos{e, &c, sub})) return;
         }
       }
       return;
@@ -208,9 +155,10 @@ class StagedQueue {
     for (std::size_t k = q.key_head; k < q.keys.size(); ++k) {
       const Key& key = q.keys[k];
       if (key.serial < q.front_serial) continue;
-      Entry& e = q.chunks[static_cast<std::size_t>(key.serial - q.front_serial)].entries[key.index];
+      Chunk& c = q.chunks[static_cast<std::size_t>(key.serial - q.front_serial)];
+      Entry& e = c.entries[key.index];
       if (Traits::gone(e)) continue;
-      if (!f(e, Pos{sub, key.serial, key.index})) return;
+      if (!f(e, Pos{&e, &c, sub})) return;
     }
   }
 
@@ -228,7 +176,7 @@ class StagedQueue {
   // Records that the entry at p is gone (the caller has moved its contents out).
   void removed(const Pos& p) noexcept {
     Sub& q = subs_[p.sub];
-    --q.chunks[static_cast<std::size_t>(p.serial - q.front_serial)].live;
+    --p.chunk->live;
     --q.live;
     --bucket_live_[p.sub / lanes_];
     --live_;
