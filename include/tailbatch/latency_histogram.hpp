@@ -372,9 +372,9 @@ class LatencyHistogram {
       max = t.max;
       if (max < layout_.slot_low(last) || max > layout_.slot_high(last)) max = layout_.slot_high(last);
       if (min > max) std::swap(min, max);  // both racy readings in one bucket
-      // The shards keep the exact sum modulo 2^64; the midpoint estimate is within 0.78 %
-      // (6.25 % at one digit) of it, which fixes the high word for sums below about 2^68 ns
-      // (over 9000 years of summed latency).
+      // The shards keep the exact sum modulo 2^64; the midpoint estimate is within 1/(2M)
+      // of it (0.78 %; 6.25 % at one digit), which fixes the high word while that error is
+      // below 2^63: for sums below 2^67 ns (4,000 years of summed latency) at any precision.
       const long double two64 = 18446744073709551616.0L;
       const long double wraps = std::round((estimate - static_cast<long double>(t.sum)) / two64);
       sum_hi = wraps > 0 ? static_cast<std::uint64_t>(wraps) : 0;
