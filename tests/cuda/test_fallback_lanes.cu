@@ -107,6 +107,7 @@ int main() {
       }
       const std::string exposition = registry.prometheus();
       CHECK(contains(exposition, "tailbatch_lanes_host_fallback{pipeline=\"classifier\"} 1"));
+      CHECK(!contains(exposition, "tailbatch_cuda_lane"));  // a pool that never opened registers nothing
       check_pipeline(lanes, clf);
     }
 

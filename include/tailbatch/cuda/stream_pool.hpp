@@ -296,6 +296,22 @@ class StreamPool {
         info_(detail::open_device(config_.device, "StreamPool")),
         in_flight_(config_.lanes, 0),
         busy_(config_.lanes * config_.lane_capacity, false) {
+    try {
+      streams_.reserve(config_.lanes);
+      slots_.reserve(config_.lanes * config_.lane_capacity);
+      for (std::size_t i = 0; i < config_.lanes; ++i) {
+        streams_.emplace_back();
+        for (std::size_t s = 0; s < config_.lane_capacity; ++s) {
+          slots_.emplace_back(new StreamLane(i, s, config_.device, streams_.back().get(), config_, nullptr));
+        }
+      }
+    } catch (const CudaError& e) {
+      throw CudaError("StreamPool: creating " + std::to_string(config_.lanes) + " lanes on device " +
+                          std::to_string(config_.device) + " (" + info_.name + ")",
+                      e);
+    }
+    // Metrics are registered only once the lanes exist, so that a pool that failed to open
+    // (and a FallbackLanes that fell back) leaves no empty CUDA series behind.
     if (config_.metrics != nullptr) {
       histogram_ = &config_.metrics->histogram("tailbatch_cuda_lane_device_seconds",
                                                "Device time of each batch on a CUDA lane, timed by events",
@@ -304,20 +320,7 @@ class StreamPool {
       own_histogram_ = std::make_unique<LatencyHistogram>();
       histogram_ = own_histogram_.get();
     }
-    try {
-      streams_.reserve(config_.lanes);
-      slots_.reserve(config_.lanes * config_.lane_capacity);
-      for (std::size_t i = 0; i < config_.lanes; ++i) {
-        streams_.emplace_back();
-        for (std::size_t s = 0; s < config_.lane_capacity; ++s) {
-          slots_.emplace_back(new StreamLane(i, s, config_.device, streams_.back().get(), config_, histogram_));
-        }
-      }
-    } catch (const CudaError& e) {
-      throw CudaError("StreamPool: creating " + std::to_string(config_.lanes) + " lanes on device " +
-                          std::to_string(config_.device) + " (" + info_.name + ")",
-                      e);
-    }
+    for (auto& slot : slots_) slot->histogram_ = histogram_;
     if (config_.metrics != nullptr) {
       in_flight_gauge_ = config_.metrics->gauge_callback(
           "tailbatch_cuda_lanes_in_flight", "Batches holding a CUDA lane right now", config_.metric_labels, [this] {
