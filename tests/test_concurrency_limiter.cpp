@@ -109,10 +109,24 @@ TEST_CASE("try_acquire admits up to the limit, then rejects as overloaded", "[li
   CHECK(d.reason() == RejectReason::overloaded);
   CHECK(lim.rejected_count(RejectReason::overloaded) == 1);
   CHECK_THROWS_AS(d.value(), tailbatch::BadOutcomeAccess);
+  CHECK(d.message() == "tailbatch: the concurrency limit is reached");
+  CHECK(d.error().reason == RejectReason::overloaded);
+  CHECK(d.error().status == Status::rejected);
+  auto as_outcome = std::move(d).to_outcome();
+  CHECK(as_outcome.reason() == RejectReason::overloaded);
+  CHECK(as_outcome.message() == d.message());
+  CHECK(a.status() == Status::ok);
+  CHECK(a.reason() == RejectReason::none);
+  CHECK(a.message().empty());
   a.value().success();
+  CHECK(a.ok());  // stays ok after the permit is released
   CHECK(lim.in_flight_approx() == 2);
   CHECK(lim.try_acquire().ok());  // the temporary's permit is released at once
   CHECK(lim.in_flight_approx() == 2);
+  tailbatch::Outcome<ConcurrencyLimiter<>::Permit> moved = lim.try_acquire().to_outcome();
+  REQUIRE(moved.ok());
+  CHECK(moved.value().valid());
+  CHECK(lim.in_flight_approx() == 3);
 }
 
 TEST_CASE("a permit is released exactly once, whichever way it ends", "[limiter]") {

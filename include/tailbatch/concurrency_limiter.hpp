@@ -35,6 +35,7 @@
 #include <tailbatch/admission.hpp>
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/limiter_window.hpp>
+#include <tailbatch/detail/throw.hpp>
 #include <tailbatch/limit_algorithms.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/outcome.hpp>
@@ -171,6 +172,67 @@ class ConcurrencyLimiter {
   // AdmissionPolicy's ticket: the permit itself.
   using Ticket = Permit;
 
+  // What try_acquire() and acquire_for()/acquire_until() return: a permit, or why there is
+  // none. It reads like Outcome<Permit> (ok(), status(), reason(), message(),
+  // retry_after(), value(), error()) but holds no string, so that the hot path pays for
+  // nothing it does not use; to_outcome() converts. Not thread-safe: owned by its caller.
+  class [[nodiscard]] Acquisition {
+   public:
+    // Whether a permit was issued (stays true after the permit is released).
+    [[nodiscard]] bool ok() const noexcept { return reason_ == RejectReason::none; }
+    explicit operator bool() const noexcept { return ok(); }
+    // Status::ok, or Status::rejected.
+    [[nodiscard]] Status status() const noexcept { return ok() ? Status::ok : Status::rejected; }
+    // RejectReason::none when ok(); else overloaded, queue_full or shutting_down.
+    [[nodiscard]] RejectReason reason() const noexcept { return reason_; }
+    // A fixed description of the rejection; empty when ok(). Never allocates.
+    [[nodiscard]] std::string_view message() const noexcept {
+      switch (reason_) {
+        case RejectReason::overloaded:
+          return "tailbatch: the concurrency limit is reached";
+        case RejectReason::queue_full:
+          return "tailbatch: too many callers are waiting for a permit";
+        case RejectReason::shutting_down:
+          return "tailbatch: the concurrency limiter is closed";
+        default:
+          return {};
+      }
+    }
+    // When rejected: how long to wait before retrying (see retry_after_hint()); else zero.
+    [[nodiscard]] std::chrono::nanoseconds retry_after() const noexcept { return retry_after_; }
+    // The permit. Throws BadOutcomeAccess (carrying error()) if !ok().
+    [[nodiscard]] Permit& value() & {
+      check();
+      return permit_;
+    }
+    [[nodiscard]] Permit&& value() && {
+      check();
+      return std::move(permit_);
+    }
+    // The rejection as an Error. Allocates the message. Precondition: !ok().
+    [[nodiscard]] Error error() const {
+      return Error{Status::rejected, reason_, std::string(message()), retry_after_};
+    }
+    // The same result as an Outcome<Permit> (moving the permit). Allocates on rejection.
+    [[nodiscard]] Outcome<Permit> to_outcome() && {
+      if (ok()) return Outcome<Permit>(std::move(permit_));
+      return Outcome<Permit>(error());
+    }
+
+   private:
+    friend class ConcurrencyLimiter;
+    explicit Acquisition(Permit permit) noexcept : permit_(std::move(permit)) {}
+    Acquisition(RejectReason reason, std::chrono::nanoseconds retry_after) noexcept
+        : reason_(reason), retry_after_(retry_after) {}
+    void check() const {
+      if (!ok()) detail::throw_or_abort<BadOutcomeAccess>("value() called on a rejection", error());
+    }
+
+    Permit permit_;
+    RejectReason reason_ = RejectReason::none;
+    std::chrono::nanoseconds retry_after_{0};
+  };
+
   // A limiter starting at algorithm.limit(). Allocates the sample windows when the algorithm
   // learns, and registers metrics when options.metrics is set. Throws std::bad_alloc, and
   // std::invalid_argument for metric labels the registry refuses.
@@ -198,10 +260,9 @@ class ConcurrencyLimiter {
   // acquire_for()/acquire_until() (waiters go first); else Status::rejected with
   // RejectReason::overloaded (shutting_down after close()), and a retry_after hint when the
   // algorithm learns. Never blocks, never allocates. Thread-safe.
-  [[nodiscard]] Outcome<Permit> try_acquire() noexcept {
+  [[nodiscard]] Acquisition try_acquire() noexcept {
     std::uint64_t word = 0;
-    if (queued_.load(std::memory_order_relaxed) == 0 && try_take_slot(word))
-      return Outcome<Permit>(make_permit(word));
+    if (try_take_slot(word)) return Acquisition(make_permit(word));
     return reject(current_reason());
   }
 
@@ -210,15 +271,14 @@ class ConcurrencyLimiter {
   // (RejectReason::queue_full, at once) or the limiter is closed (shutting_down). Blocks up
   // to the timeout; never allocates. Thread-safe.
   template <class Rep, class Period>
-  [[nodiscard]] Outcome<Permit> acquire_for(std::chrono::duration<Rep, Period> timeout) noexcept {
+  [[nodiscard]] Acquisition acquire_for(std::chrono::duration<Rep, Period> timeout) noexcept {
     return acquire_until(saturating_deadline(clock_.now(), timeout));
   }
 
   // acquire_for() with an absolute deadline on the limiter's clock. Thread-safe.
-  [[nodiscard]] Outcome<Permit> acquire_until(time_point deadline) noexcept {
+  [[nodiscard]] Acquisition acquire_until(time_point deadline) noexcept {
     std::uint64_t word = 0;
-    if (queued_.load(std::memory_order_relaxed) == 0 && try_take_slot(word))
-      return Outcome<Permit>(make_permit(word));
+    if (try_take_slot(word)) return Acquisition(make_permit(word));
     if (closed_.load(std::memory_order_acquire)) return reject(RejectReason::shutting_down);
     if (options_.max_queued == 0 || clock_.now() >= deadline)
       return reject(RejectReason::overloaded);
@@ -233,10 +293,10 @@ class ConcurrencyLimiter {
       return reject(RejectReason::queue_full);
     }
     Waiter self;
+    // Raises the waiters flag in the word before retrying: a release either comes after it
+    // in the word's modification order (and sees the flag, so it grants) or before it (and
+    // the retry below sees its slot).
     link_back(&self);
-    // Publishing the waiter before retrying pairs with release_slot(), which decrements
-    // in-flight before it reads queued_: one of the two always sees the other.
-    queued_.fetch_add(1, std::memory_order_seq_cst);
     grant_locked();
     while (!self.granted && !self.closed) {
       const auto now = clock_.now();
@@ -245,7 +305,7 @@ class ConcurrencyLimiter {
     }
     if (self.granted) {
       lock.unlock();
-      return Outcome<Permit>(make_permit(self.word));
+      return Acquisition(make_permit(self.word));
     }
     if (!self.closed) unlink(&self);
     const bool closed = self.closed;
@@ -257,8 +317,7 @@ class ConcurrencyLimiter {
   // RejectReason::overloaded on nullopt). Never blocks, never allocates. Thread-safe.
   [[nodiscard]] std::optional<Permit> try_admit() noexcept {
     std::uint64_t word = 0;
-    if (queued_.load(std::memory_order_relaxed) == 0 && try_take_slot(word))
-      return std::optional<Permit>(make_permit(word));
+    if (try_take_slot(word)) return std::optional<Permit>(make_permit(word));
     count_rejection(current_reason());
     return std::nullopt;
   }
@@ -352,7 +411,13 @@ class ConcurrencyLimiter {
   }
 
  private:
-  static constexpr std::uint64_t kInFlightMask = 0xFFFFFFFFULL;
+  // The word: limit in the high 32 bits; in the low 32, the in-flight count (bits 0-30) and
+  // the "waiters queued" flag (bit 31). The flag makes the in-flight half look larger than
+  // any limit, so the fast path's single compare-exchange fails while anyone waits (waiters
+  // go first), and a release learns from its own decrement whether to hand its slot over.
+  static constexpr std::uint64_t kInFlightMask = 0x7FFFFFFFULL;
+  static constexpr std::uint64_t kWaitersFlag = 0x80000000ULL;
+  static constexpr std::uint64_t kLowHalf = 0xFFFFFFFFULL;
 
   struct Waiter {
     std::condition_variable cv;
@@ -393,13 +458,14 @@ class ConcurrencyLimiter {
     return now + std::chrono::ceil<D>(timeout);
   }
 
-  // Takes one slot if in-flight < limit, atomically against limit changes. On success `out`
-  // is the word after the increment.
-  bool try_take_slot(std::uint64_t& out) noexcept {
+  // Takes one slot if in-flight < limit (and, unless for_waiter, nobody waits), atomically
+  // against limit changes. On success `out` is the word after the increment.
+  bool try_take_slot(std::uint64_t& out, bool for_waiter = false) noexcept {
+    const std::uint64_t mask = for_waiter ? kInFlightMask : kLowHalf;
     std::uint64_t w = word_.load(std::memory_order_relaxed);
     for (;;) {
-      if ((w & kInFlightMask) >= (w >> 32)) return false;
-      if (word_.compare_exchange_weak(w, w + 1, std::memory_order_seq_cst,
+      if ((w & mask) >= (w >> 32)) return false;
+      if (word_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel,
                                       std::memory_order_relaxed)) {
         out = w + 1;
         return true;
@@ -453,9 +519,9 @@ class ConcurrencyLimiter {
           }));
     }
   }
-  Outcome<Permit> reject(RejectReason reason) noexcept {
+  Acquisition reject(RejectReason reason) noexcept {
     count_rejection(reason);
-    return Outcome<Permit>(Error{Status::rejected, reason, {}, retry_after_hint()});
+    return Acquisition(reason, retry_after_hint());
   }
 
   void finish(Permit& p, typename Permit::Kind kind,
@@ -483,8 +549,7 @@ class ConcurrencyLimiter {
   }
 
   void release_slot() noexcept {
-    word_.fetch_sub(1, std::memory_order_seq_cst);
-    if (queued_.load(std::memory_order_seq_cst) > 0) {
+    if (word_.fetch_sub(1, std::memory_order_acq_rel) & kWaitersFlag) {
       std::lock_guard lock(mu_);
       grant_locked();
     }
@@ -494,7 +559,7 @@ class ConcurrencyLimiter {
   void grant_locked() noexcept {
     while (head_ != nullptr) {
       std::uint64_t word = 0;
-      if (!try_take_slot(word)) return;
+      if (!try_take_slot(word, true)) return;
       Waiter* w = options_.queue_order == QueueOrder::fifo ? head_ : tail_;
       unlink(w);
       w->granted = true;
@@ -512,6 +577,8 @@ class ConcurrencyLimiter {
       head_ = w;
     tail_ = w;
     ++queued_count_;
+    queued_.store(queued_count_, std::memory_order_relaxed);
+    if (head_ == w) word_.fetch_or(kWaitersFlag, std::memory_order_acq_rel);
   }
   void unlink(Waiter* w) noexcept {
     if (w->prev != nullptr)
@@ -524,7 +591,8 @@ class ConcurrencyLimiter {
       tail_ = w->prev;
     w->prev = w->next = nullptr;
     --queued_count_;
-    queued_.fetch_sub(1, std::memory_order_relaxed);
+    queued_.store(queued_count_, std::memory_order_relaxed);
+    if (head_ == nullptr) word_.fetch_and(~kWaitersFlag, std::memory_order_acq_rel);
   }
 
   void wait_step(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, time_point now,
@@ -540,14 +608,13 @@ class ConcurrencyLimiter {
     }
   }
 
-  // Replaces the limit half of the word. Requires update_mu_.
-  std::uint32_t set_limit_word(std::uint32_t limit) noexcept {
+  // Replaces the limit half of the word; returns the word before. Requires update_mu_.
+  std::uint64_t set_limit_word(std::uint32_t limit) noexcept {
     std::uint64_t w = word_.load(std::memory_order_relaxed);
-    while (!word_.compare_exchange_weak(w,
-                                        pack(limit, static_cast<std::uint32_t>(w & kInFlightMask)),
-                                        std::memory_order_seq_cst, std::memory_order_relaxed)) {
+    while (!word_.compare_exchange_weak(w, pack(limit, static_cast<std::uint32_t>(w & kLowHalf)),
+                                        std::memory_order_acq_rel, std::memory_order_relaxed)) {
     }
-    return static_cast<std::uint32_t>(w >> 32);
+    return w;
   }
 
   // Opens the next window at `now` with the algorithm's spec. Requires update_mu_ (or the
@@ -590,8 +657,9 @@ class ConcurrencyLimiter {
       retry_after_ns_.store(mean / std::max<std::int64_t>(next, 1), std::memory_order_relaxed);
     }
     if (closed_.load(std::memory_order_acquire)) return;
-    const std::uint32_t before = set_limit_word(next);
-    if (next > before && queued_.load(std::memory_order_seq_cst) > 0) {
+    const std::uint64_t before = set_limit_word(next);
+    // A waiter that queues after this update retries against the new limit itself.
+    if (next > (before >> 32) && (before & kWaitersFlag) != 0) {
       std::lock_guard lock(mu_);
       grant_locked();
     }
@@ -603,9 +671,9 @@ class ConcurrencyLimiter {
 
   // Hot: limit (high 32 bits) and in-flight (low 32 bits).
   alignas(64) std::atomic<std::uint64_t> word_{0};
-  // Callers in acquire_*'s queue; read on every acquire and release.
-  alignas(64) std::atomic<std::uint32_t> queued_{0};
-  std::atomic<bool> closed_{false};
+  alignas(64) std::atomic<bool> closed_{false};
+  // Mirrors queued_count_ for queued_approx(); written under mu_.
+  std::atomic<std::uint32_t> queued_{0};
 
   alignas(64) std::array<std::atomic<std::uint64_t>, 5> rejections_{};
   std::atomic<std::uint64_t> windows_closed_{0};
