@@ -5,8 +5,8 @@
 // perceives 2.18 s, a streaming client sees content after ~200 ms. This demo measures the
 // same two perceived latencies on a real decode loop: a ContinuousBatcher (its own decode
 // thread, max_active 16) running the reference generator, fed by open-loop Poisson
-// arrivals at 30 %, 60 % and 90 % of its estimated capacity, with output lengths uniform in
-// [8, 256]. Each request has a client thread:
+// arrivals at 30 %, 60 % and 90 % of its capacity (measured first, by a run in which every
+// request arrives at once), with output lengths uniform in [8, 256]. Each request has a client thread:
 //   streaming      reads tokens as they are published; perceived latency = time to its
 //                  first token (submission -> first token in the client's hands);
 //   non-streaming  waits for the stream to close, then takes the whole answer; perceived
@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -59,9 +60,10 @@ struct Sample {
 
 struct RunResult {
   double load = 0;
-  double rate = 0;
+  double rate = 0;                 // offered requests/s (infinite: all at once)
   std::vector<Sample> streaming, waiting;
   double tokens_per_s = 0;
+  double completed_per_s = 0;      // requests completed per second of the run
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -73,7 +75,7 @@ double percentile(std::vector<double> v, double p) {
 
 double ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-// One decode step over a full lane group, to size the arrival rates.
+// One decode step over a full lane group (for the header line).
 double step_seconds(Generator& g) {
   std::vector<GeneratorState> states(kMaxActive);
   std::vector<reference::GeneratorLane> lanes(kMaxActive);
@@ -91,10 +93,10 @@ double step_seconds(Generator& g) {
 
 // Half the requests stream and half wait for the whole answer, interleaved, so both kinds
 // of client see the same load.
-RunResult run(Generator& g, double load, double capacity, std::size_t requests, std::uint64_t seed) {
+RunResult run(Generator& g, double load, double rate, std::size_t requests, std::uint64_t seed) {
   RunResult result;
   result.load = load;
-  result.rate = load * capacity;
+  result.rate = rate;
   ContinuousBatcherConfig config;
   config.max_active = kMaxActive;
   config.max_waiting = requests;
@@ -115,8 +117,10 @@ RunResult run(Generator& g, double load, double capacity, std::size_t requests, 
   const auto begin = next;
   std::atomic<std::size_t> tokens{0};
   for (std::size_t i = 0; i < requests; ++i) {
-    next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(-std::log(uniform()) / result.rate));
-    std::this_thread::sleep_until(next);
+    if (std::isfinite(rate)) {
+      next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(-std::log(uniform()) / rate));
+      std::this_thread::sleep_until(next);
+    }
     Batcher::Request r;
     for (std::size_t k = 0; k < kPrompt; ++k) r.prompt.push_back(static_cast<std::int32_t>((i * 31 + k * 7) % 2048));
     r.max_new_tokens = lengths.next();
@@ -146,6 +150,7 @@ RunResult run(Generator& g, double load, double capacity, std::size_t requests, 
   const double elapsed = std::chrono::duration<double>(Clock::now() - begin).count();
   batcher.shutdown();
   result.tokens_per_s = static_cast<double>(tokens.load()) / elapsed;
+  result.completed_per_s = static_cast<double>(requests) / elapsed;
   for (std::size_t i = 0; i < requests; ++i) (i % 2 == 0 ? result.streaming : result.waiting).push_back(samples[i]);
   return result;
 }
@@ -225,7 +230,7 @@ bool write_svg(const std::filesystem::path& path, const std::string& title, cons
 
 int main(int argc, char** argv) {
   std::filesystem::path out = std::filesystem::path(argv[0]).parent_path() / "streaming_demo.svg";
-  std::size_t requests = 160;
+  std::size_t requests = 120;
   std::uint64_t seed = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
@@ -243,18 +248,19 @@ int main(int argc, char** argv) {
 
   Generator g{reference::GeneratorConfig{}};
   const double step_s = step_seconds(g);
-  const reference::OutputLengths dist(kMinLen, kMaxLen, 0);
-  // A full batch finishes mean-length sequences at kMaxActive per mean-length steps.
-  const double capacity = kMaxActive / (dist.expected_mean() * step_s);
-  fmt::print("reference generator: vocab {}, hidden {}, {:.1f} MiB of weights per step, {} kernel\n",
+  fmt::print("reference generator: vocab {}, hidden {}, {:.1f} MiB of weights per step, {} kernel; "
+             "a decode step over {} sequences takes {:.2f} ms alone\n",
              g.config().vocab_size, g.config().hidden_dim, g.weight_bytes_per_step() / 1048576.0,
-             reference::to_string(g.kernel()));
-  fmt::print("decode step over {} sequences: {:.2f} ms; estimated capacity {:.0f} requests/s "
-             "(output lengths uniform in [{}, {}], prompts of {} tokens)\n\n",
-             kMaxActive, step_s * 1e3, capacity, kMinLen, kMaxLen, kPrompt);
+             reference::to_string(g.kernel()), kMaxActive, step_s * 1e3);
+  // Capacity: every request at once, clients attached, as in the loaded runs.
+  const RunResult saturated = run(g, 1.0, std::numeric_limits<double>::infinity(), requests, seed + 1);
+  const double capacity = saturated.completed_per_s;
+  fmt::print("capacity, all {} requests at once: {:.0f} requests/s, {:.0f} tokens/s "
+             "(output lengths uniform in [{}, {}], prompts of {} tokens, max_active {})\n\n",
+             requests, capacity, saturated.tokens_per_s, kMinLen, kMaxLen, kPrompt, kMaxActive);
 
   std::vector<RunResult> runs;
-  for (double load : {0.3, 0.6, 0.9}) runs.push_back(run(g, load, capacity, requests, seed));
+  for (double load : {0.3, 0.6, 0.9}) runs.push_back(run(g, load, load * capacity, requests, seed));
 
   fmt::print("{:>5} {:>8} | {:>22} | {:>22} | {:>9} | {:>9}\n", "load", "req/s", "streaming: first token",
              "non-streaming: answer", "p50 ratio", "tokens/s");
