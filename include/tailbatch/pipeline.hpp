@@ -1143,7 +1143,11 @@ class Pipeline {
     }
     b.reason = round.decision.reason;
     b.formed = now;
-    for (const Pick& p : v.picks) staged_.compact(p.sub);
+    // Each sub-queue the batch took from, once.
+    std::uint32_t last = std::numeric_limits<std::uint32_t>::max();
+    for (std::size_t i = 0; i < count; ++i) {
+      if (v.picks[i].sub != last) staged_.compact(last = v.picks[i].sub);
+    }
     in_flight_.fetch_add(n, std::memory_order_relaxed);
     dispatched_[static_cast<std::size_t>(b.reason)].fetch_add(1, std::memory_order_relaxed);
     batched_requests_.fetch_add(n, std::memory_order_relaxed);

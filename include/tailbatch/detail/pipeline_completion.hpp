@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -99,7 +100,7 @@ class Completion {
       [](void* self, Outcome<Resp>&& o) {
         struct Destroy {
           Fn* f;
-          ~Destroy() { f->~Fn(); }
+          ~Destroy() { std::destroy_at(f); }
         } guard{static_cast<Fn*>(self)};
         std::invoke(*guard.f, std::move(o));
       },
