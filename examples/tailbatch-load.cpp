@@ -8,6 +8,8 @@
 //   tailbatch-load --sweep 100,200,300,400,500 --slo-p95-ms 100  find the saturation point
 //   tailbatch-load --steps 100:5,400:3,100:5                     a spike
 //   tailbatch-load --max-batch 1 --window-ms 0 --sweep 20,40,80  batching off
+//   tailbatch-load --sweep 100,200,300,400 --simulate           the same, predicted by the
+//                                                              simulator in milliseconds
 //
 // Prints the results as a table and writes SVG plots to --out (paths printed last).
 // Progress lines go to stderr (--quiet turns them off). Exit status: 0 on success, 1 for
@@ -15,10 +17,12 @@
 #include <tailbatch/concurrency_limiter.hpp>
 #include <tailbatch/load_generator.hpp>
 #include <tailbatch/pipeline.hpp>
+#include <tailbatch/simulator.hpp>
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -48,6 +52,7 @@ struct Options {
   std::string out = "tailbatch-load-out";
   std::uint64_t seed = 42;
   bool quiet = false;
+  bool simulate = false;
 };
 
 struct Request {
@@ -90,6 +95,89 @@ std::string subtitle(const Options& o) {
                      o.base_ms, o.per_item_ms, o.lanes, o.max_batch, o.window_ms,
                      o.max_in_flight ? fmt::format("; max in-flight {}", o.max_in_flight) : std::string(),
                      o.arrivals);
+}
+
+// The simulator's answer in the load generator's terms, so that tables and plots are shared.
+tailbatch::LoadResult as_load_result(const tailbatch::SimulationResult& s) {
+  tailbatch::LoadResult r;
+  r.offered_rps = s.offered_rps;
+  r.throughput_rps = s.throughput_rps;
+  r.due = s.arrivals;
+  r.sent = s.arrivals;
+  r.ok = s.ok;
+  r.failed = s.arrivals - s.ok;
+  r.warmup_requests = s.warmup_arrivals;
+  for (std::size_t i = 0; i < 5; ++i) r.by_status[i] = s.by_status[i];
+  r.latency = s.latency;
+  r.p50 = s.p50;
+  r.p95 = s.p95;
+  r.p99 = s.p99;
+  r.p999 = s.latency.percentile(99.9);
+  r.max = s.max;
+  r.mean = s.mean;
+  return r;
+}
+
+int run_simulated(const Options& o) {
+  const auto process = o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant
+                                                : tailbatch::ArrivalProcess::poisson;
+  auto simulate_at = [&](const tailbatch::LoadProfile& profile, nanoseconds warmup) {
+    tailbatch::SimulationConfig c;
+    c.arrivals = profile;
+    c.warmup = warmup;
+    c.seed = o.seed;
+    c.lanes = o.lanes;
+    c.service_time = tailbatch::LinearCost{from_ms(o.base_ms), from_ms(o.per_item_ms)};
+    c.queue_capacity = o.queue_capacity;
+    tailbatch::FixedWindow policy(o.max_batch, from_ms(o.window_ms));
+    if (o.max_in_flight > 0) {
+      tailbatch::ConcurrencyLimiter<tailbatch::StaticLimit, tailbatch::ManualClock> limiter(
+          tailbatch::StaticLimit(static_cast<std::uint32_t>(o.max_in_flight)), {}, c.clock);
+      return tailbatch::simulate(c, policy, limiter);
+    }
+    return tailbatch::simulate(c, policy);
+  };
+  std::filesystem::create_directories(o.out);
+  const std::string sub = "simulated: " + subtitle(o);
+  std::vector<std::string> written;
+  if (!o.sweep.empty()) {
+    tailbatch::SweepResult sweep;
+    sweep.slo_p95_ms = o.slo_p95_ms;
+    std::vector<double> rates = o.sweep;
+    std::sort(rates.begin(), rates.end());
+    bool all_ok = true;
+    for (std::size_t i = 0; i < rates.size(); ++i) {
+      const auto sim = simulate_at(tailbatch::LoadProfile::steady(process, rates[i], from_s(o.duration_s)),
+                                   from_s(o.warmup_s));
+      tailbatch::SweepPoint p;
+      p.offered_rps = rates[i];
+      p.result = as_load_result(sim);
+      p.verdict = tailbatch::detail::sweep_verdict(p.result, o.slo_p95_ms, 0.01, p.meets_slo);
+      p.verdict += fmt::format(" (mean batch {:.1f})", sim.mean_batch_size);
+      sweep.points.push_back(std::move(p));
+      if (sweep.points.back().meets_slo && all_ok) sweep.saturation = i;
+      if (!sweep.points.back().meets_slo) all_ok = false;
+    }
+    fmt::print("{}\n\n{}", sub, tailbatch::format_sweep_table(sweep));
+    const std::string lat = (std::filesystem::path(o.out) / "latency_vs_load.svg").string();
+    tailbatch::write_svg(lat, tailbatch::latency_vs_load_plot(sweep, "Latency vs offered load (simulated)", sub));
+    written.push_back(lat);
+  } else {
+    const auto profile = o.steps.empty() ? tailbatch::LoadProfile::steady(process, o.rate, from_s(o.duration_s))
+                                         : parse_steps(o.steps, process);
+    const auto warmup = from_s(o.warmup_s) < profile.duration() ? from_s(o.warmup_s) : nanoseconds(0);
+    const auto sim = simulate_at(profile, warmup);
+    fmt::print("{}\n\n{}", sub, tailbatch::format_load_result(as_load_result(sim)));
+    fmt::print("mean batch {:.1f}; lanes busy {:.0f} % of the time; {:.1f} requests in flight on average (at most {})\n",
+               sim.mean_batch_size, sim.lane_utilization * 100.0, sim.mean_in_flight, sim.max_in_flight);
+    fmt::print("p95 {} the SLO of {} ms\n",
+               duration<double, std::milli>(sim.p95).count() <= o.slo_p95_ms ? "meets" : "misses", o.slo_p95_ms);
+  }
+  if (!written.empty()) {
+    fmt::print("\nplots:\n");
+    for (const auto& w : written) fmt::print("  {}\n", w);
+  }
+  return 0;
 }
 
 template <class PipelineT>
@@ -178,6 +266,8 @@ int main(int argc, char** argv) {
   app.add_option("--out", o.out, "directory for the SVG plots")->capture_default_str();
   app.add_option("--seed", o.seed, "arrival seed")->capture_default_str();
   app.add_flag("--quiet", o.quiet, "no progress lines on stderr");
+  app.add_flag("--simulate", o.simulate,
+               "predict instead of measuring: the same Pipeline and window, simulated on a modelled clock");
   rate->excludes(sweep)->excludes(steps);
   sweep->excludes(steps);
 
@@ -198,6 +288,7 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (o.simulate) return run_simulated(o);
     const tailbatch::LinearCost cost{from_ms(o.base_ms), from_ms(o.per_item_ms)};
     auto model = [cost](std::span<const Request> reqs, std::span<Response> resps, tailbatch::HostLane&) {
       std::this_thread::sleep_for(cost(reqs.size()));

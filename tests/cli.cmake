@@ -120,3 +120,13 @@ tailbatch_cli_test(demo_quick before_after_demo RC 0
          "plots/cost_vs_load.svg")
 tailbatch_cli_test(demo_bad_window before_after_demo RC nonzero
   ARGS --window-ms -1 EXPECT "--window-ms")
+
+tailbatch_cli_test(load_simulated_sweep tailbatch-load RC 0
+  ARGS --sweep 100,200,300,400,450,500 --duration 6 --warmup 1 --slo-p95-ms 100 --simulate --out plots
+  EXPECT "simulated: synthetic model"
+         "saturation point: 400 rps offered"
+         "plots/latency_vs_load.svg")
+tailbatch_cli_test(load_simulated_run tailbatch-load RC 0
+  ARGS --rate 300 --max-in-flight 40 --simulate --out plots
+  EXPECT "requests: [0-9]+ due, [0-9]+ ok"
+         "mean batch [0-9.]+; lanes busy [0-9]+ % of the time")

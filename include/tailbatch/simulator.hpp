@@ -84,6 +84,7 @@ struct SimulationConfig {
 // warm-up.
 struct SimulationResult {
   std::uint64_t arrivals = 0;
+  std::uint64_t warmup_arrivals = 0;  // arrived during the warm-up: run, not counted
   std::uint64_t ok = 0;
   std::uint64_t by_status[5] = {0, 0, 0, 0, 0};           // indexed by Status
   std::uint64_t rejected_by_reason[5] = {0, 0, 0, 0, 0};  // indexed by RejectReason
@@ -398,6 +399,7 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
       const BatchTime arrival = start + *next_arrival;
       const bool measured = arrival >= warm_end;
       if (measured) ++r.arrivals;
+      else ++r.warmup_arrivals;
       SubmitOptions so;
       if (config.request_timeout > nanoseconds::zero()) so.deadline = arrival + config.request_timeout;
       if (config.priority) so.priority = config.priority(index);
