@@ -109,12 +109,13 @@ TEST_CASE("try_acquire admits up to the limit, then rejects as overloaded", "[li
   CHECK(d.reason() == RejectReason::overloaded);
   CHECK(lim.rejected_count(RejectReason::overloaded) == 1);
   CHECK_THROWS_AS(d.value(), tailbatch::BadOutcomeAccess);
-  CHECK(d.message() == "tailbatch: the concurrency limit is reached");
+  // (string_views compared as bools: Catch2 2.x may be built without string_view support)
+  CHECK((d.message() == "tailbatch: the concurrency limit is reached"));
   CHECK(d.error().reason == RejectReason::overloaded);
   CHECK(d.error().status == Status::rejected);
   auto as_outcome = std::move(d).to_outcome();
   CHECK(as_outcome.reason() == RejectReason::overloaded);
-  CHECK(as_outcome.message() == d.message());
+  CHECK((as_outcome.message() == d.message()));
   CHECK(a.status() == Status::ok);
   CHECK(a.reason() == RejectReason::none);
   CHECK(a.message().empty());
