@@ -337,6 +337,7 @@ class ContinuousBatcher {
     s.failed = by_status_[4].load(std::memory_order_relaxed);
     return s;
   }
+  // The validated configuration. Thread-safe.
   [[nodiscard]] const ContinuousBatcherConfig& config() const noexcept { return config_; }
 
  private:

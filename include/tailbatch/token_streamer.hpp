@@ -356,7 +356,9 @@ class TokenStreamer {
     return times_;
   }
 
+  // The options it was built with. Thread-safe.
   [[nodiscard]] const StreamOptions& options() const noexcept { return options_; }
+  // True if tokens go to callbacks rather than to pull-mode readers. Thread-safe.
   [[nodiscard]] bool callback_mode() const noexcept { return callback_mode_; }
 
  private:

@@ -318,11 +318,14 @@ class Generator {
     return (2 * H * H + H * config_.vocab_size) * sizeof(float);
   }
 
+  // Read-only views of the weights (layouts: see GeneratorWeights), valid while this
+  // generator or a copy lives. Thread-safe.
   [[nodiscard]] GeneratorWeights weights() const noexcept {
     return {config_.vocab_size, config_.hidden_dim, weights_->embeddings.span(), weights_->w_in.span(),
             weights_->b_in.span(),     weights_->decay.span(),      weights_->keep.span(),
             weights_->w_out.span(),    weights_->b_out.span(),      weights_->w_vocab.span()};
   }
+  // The validated configuration. Thread-safe.
   [[nodiscard]] const GeneratorConfig& config() const noexcept { return config_; }
   // The CPU kernel in use (automatic resolved). Thread-safe.
   [[nodiscard]] CpuKernel kernel() const noexcept { return kernel_; }
