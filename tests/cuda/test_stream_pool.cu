@@ -131,7 +131,7 @@ void check_timing_and_buffers() {
     TAILBATCH_CUDA_CHECK(cudaGetLastError());
     lane.synchronize();
     std::printf("2 ms spin timed at %.3f ms\n", static_cast<double>(lane.last_device_time().count()) / 1e6);
-    CHECK(lane.last_device_time() >= 1500us);
+    CHECK(lane.last_device_time() >= 1ms);  // globaltimer ticks coarsely on some GPUs
     CHECK(lane.last_device_time() < 500ms);
   }
   CHECK(pool.device_time().snapshot().count() == 1);
