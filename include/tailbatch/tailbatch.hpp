@@ -10,6 +10,9 @@
 #include <tailbatch/concurrency_limiter.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
+#include <tailbatch/batch_window.hpp>
+#include <tailbatch/lanes.hpp>
+#include <tailbatch/pipeline.hpp>
 #include <tailbatch/token_streamer.hpp>
 #include <tailbatch/continuous_batcher.hpp>
 #include <tailbatch/reference/tokenizer.hpp>
