@@ -857,6 +857,7 @@ inline void add_sweep_latency_series(LinePlot& plot, const SweepResult& s, const
     p99.points.push_back({mid, detail::ms(t.p99)});
   }
   plot.series = {p50, p95, p99};
+  if (!r.timeline.empty()) plot.x_max = r.timeline.back().start_s + width;
   if (slo_p95_ms > 0.0) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "SLO p95 %.0f ms", slo_p95_ms);

@@ -171,9 +171,10 @@ inline constexpr const char* plot_palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", 
       y_lo = std::min(y_lo, p.y);
       y_hi = std::max(y_hi, p.y);
     }
+  // Reference lines stay clear of the frame's top edge, so their labels can be read.
   for (const auto& h : plot.horizontal) {
     y_lo = std::min(y_lo, h.value);
-    y_hi = std::max(y_hi, h.value);
+    y_hi = std::max(y_hi, log_y ? h.value * 1.3 : h.value * 1.08);
   }
   for (const auto& v : plot.vertical) {
     x_lo = std::min(x_lo, v.value);
