@@ -32,6 +32,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tailbatch/admission.hpp>
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/limiter_window.hpp>
@@ -79,11 +80,13 @@ struct LimiterOptions {
 //
 // Thread-safety: every member is thread-safe. Exception guarantees: the constructor throws
 // what the algorithm's or its own validation throws (std::invalid_argument naming the field)
-// and std::bad_alloc; every other member is noexcept. Blocking: only acquire_for(),
+// and std::bad_alloc; every other member but inspect_algorithm() (which passes on what f
+// throws) is noexcept. Of an Acquisition, value() throws BadOutcomeAccess on a rejection and
+// error()/to_outcome() may throw std::bad_alloc. Blocking: only acquire_for(),
 // acquire_until() and close() block (on the waiter mutex, and acquire_* until a permit or
 // the deadline). Allocation: once, at construction, for the sample windows of learning
 // algorithms (about 8 KiB) and, with LimiterOptions::metrics, to register metrics; never
-// afterwards.
+// afterwards (Acquisition::error() and to_outcome() allocate a message when asked).
 //
 // Lifetime: the limiter must outlive its permits. Not copyable, not movable (permits point
 // at it).
