@@ -658,7 +658,12 @@ class Pipeline {
                                     cost);
           if (chain.size() == 1 && chain.back().size() == 1) incoming_dirty_.push_back(static_cast<std::uint32_t>(sub));
           enqueued_.store(enq + 1, std::memory_order_relaxed);
-          wake = leader_sleeping_ && (enq + 1 >= wake_at_enqueued_ || deadline < wake_if_deadline_before_);
+          // A stop that landed between the token check and now found nothing queued to
+          // flag: flag it here, so the leader removes the request promptly.
+          const Hook* h = chain.back().back().meta.cancel.get();
+          if (h != nullptr && h->fired.load(std::memory_order_acquire)) cancel_pending_ = true;
+          wake = leader_sleeping_ && (enq + 1 >= wake_at_enqueued_ || deadline < wake_if_deadline_before_ ||
+                                      cancel_pending_);
           if (wake) leader_sleeping_ = false;  // one wake-up is enough
         }
 #if TAILBATCH_HAS_EXCEPTIONS
@@ -980,6 +985,7 @@ class Pipeline {
   void complete_dead(Entry& e, const Pick& p, BatchTime now) noexcept {
     staged_.removed(p);
     ++dequeued_local_;
+    publish_dequeued();  // before the completion: whoever it wakes sees the queue without it
     if (is_cancelled(e)) {
       complete_entry(e, Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}}, now);
     } else {
@@ -1008,6 +1014,7 @@ class Pipeline {
       staged_.for_each(s, [&](Entry& e, const Pick& p) {
         staged_.removed(p);
         ++dequeued_local_;
+        publish_dequeued();
         complete_entry(e,
                        Error{Status::rejected, RejectReason::shutting_down,
                              "tailbatch: the pipeline shut down before the request could run", {}},
