@@ -3,6 +3,10 @@
 //   BM_Pipeline_NoopModel      4 producers submit with callback completion into a
 //                              Pipeline (FixedWindow max_batch 32, one host lane), a model
 //                              that does nothing; items_per_second in real time.
+//   BM_Pipeline_NoopModel_Options   the same, every request with a deadline and a
+//                              priority (the three take turns).
+//   BM_Pipeline_NoopModel_Futures   the same with a future per request instead of a
+//                              callback: the naive baseline's completion style.
 //   BM_Baseline_NaiveBatcher   the same workload on a naive batcher: std::mutex +
 //                              std::deque + std::condition_variable, one std::promise per
 //                              request, a notify per submit.
@@ -87,6 +91,60 @@ void BM_Pipeline_NoopModel(benchmark::State& state) {
   state.counters["mean_batch"] = static_cast<double>(s.batched_requests) / static_cast<double>(std::max<std::uint64_t>(1, s.batches()));
 }
 BENCHMARK(BM_Pipeline_NoopModel)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// As BM_Pipeline_NoopModel, with per-request options in use: every request has a deadline
+// (a 10 s timeout, so none expires) and the three priorities take turns.
+void BM_Pipeline_NoopModel_Options(benchmark::State& state) {
+  Done done;
+  Pipeline<int, int> p([](std::span<const int>, std::span<int>, HostLane&) {}, FixedWindow{kMaxBatch, 50us},
+                       {.queue_capacity = 1 << 20});
+  auto round = [&] {
+    done.count.store(0);
+    run_producers([&](int x) {
+      p.submit(x, {.timeout = 10s, .priority = static_cast<Priority>(x % 3)},
+               [&done](Outcome<int>&&) noexcept { done.arrive(); });
+    });
+    done.wait_all();
+  };
+  for (int i = 0; i < 3; ++i) round();  // warm-up, untimed
+  for (auto _ : state) round();
+  p.shutdown();
+  const PipelineStats s = p.stats();
+  if (s.count(Status::ok) != s.submitted) state.SkipWithError("some requests did not complete ok");
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(kTotal));
+  state.counters["ns_per_request"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * static_cast<double>(kTotal),
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_Pipeline_NoopModel_Options)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// The naive baseline's completion style on the Pipeline: one future per request, waited
+// on by its producer after it has submitted all of its own.
+void BM_Pipeline_NoopModel_Futures(benchmark::State& state) {
+  Pipeline<int, int> p([](std::span<const int>, std::span<int>, HostLane&) {}, FixedWindow{kMaxBatch, 50us},
+                       {.queue_capacity = 1 << 20});
+  std::vector<std::vector<std::future<Outcome<int>>>> futures(kProducers);
+  for (auto& f : futures) f.reserve(kPerProducer);
+  auto round = [&] {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kProducers; ++t) {
+      threads.emplace_back([&p, &futures, t] {
+        auto& mine = futures[static_cast<std::size_t>(t)];
+        mine.clear();
+        for (int i = 0; i < kPerProducer; ++i) mine.push_back(p.submit(t * kPerProducer + i));
+        for (auto& f : mine) benchmark::DoNotOptimize(f.get());
+      });
+    }
+    for (auto& th : threads) th.join();
+  };
+  for (int i = 0; i < 3; ++i) round();  // warm-up, untimed
+  for (auto _ : state) round();
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(kTotal));
+  state.counters["ns_per_request"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * static_cast<double>(kTotal),
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_Pipeline_NoopModel_Futures)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // The naive batcher: what one writes first.
 class NaiveBatcher {
