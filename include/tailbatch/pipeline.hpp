@@ -402,8 +402,19 @@ class Pipeline {
   struct NoCost {};
   using CostField = std::conditional_t<detail::policy_uses_cost<Policy>(), std::size_t, NoCost>;
 
+  struct EntryFields {
+    Req req;
+    Meta meta;
+    BatchTime deadline;
+    [[no_unique_address]] CostField cost;
+  };
+  // One cache line per entry when it fits in one: submitters on different cores then
+  // never write the same line, and the leader reads each entry with one miss.
+  static constexpr std::size_t entry_align =
+      sizeof(EntryFields) <= 64 ? 64 : alignof(EntryFields);
+
   // A queued request. Its priority and bucket are those of the sub-queue holding it.
-  struct Entry {
+  struct alignas(entry_align) Entry {
     Req req;
     Meta meta;
     BatchTime deadline;
