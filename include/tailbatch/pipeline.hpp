@@ -930,8 +930,11 @@ class Pipeline {
       const BatchTime wake_at = round.wait.decide_again_at;
       const BatchTime early = detail::saturating_sub(wake_at, config_.dispatch_spin);
       if (wake_at != BatchTime::max() && now >= early) {
-        const std::uint64_t seen = enqueued_.load(std::memory_order_relaxed);
-        while (clock_.now() < wake_at && enqueued_.load(std::memory_order_relaxed) == seen &&
+        // Newcomers end the spin only once there are enough to change the decision, as
+        // they would end a sleep: the spinning leader leaves the lock to the submitters.
+        const std::uint64_t enough =
+            enqueued_.load(std::memory_order_relaxed) + std::max<std::size_t>(1, round.wake_delta);
+        while (clock_.now() < wake_at && enqueued_.load(std::memory_order_relaxed) < enough &&
                !closing_.load(std::memory_order_relaxed)) {
         }
         continue;
