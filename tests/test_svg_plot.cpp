@@ -147,3 +147,27 @@ TEST_CASE("write_svg writes the file and reports an unwritable path", "[svg]") {
   std::filesystem::remove(path);
   CHECK_THROWS_AS(tailbatch::write_svg("/nonexistent-dir/x/plot.svg", sample()), std::runtime_error);
 }
+
+TEST_CASE("The legend goes to the corner that hides the least of the data", "[svg]") {
+  auto legend_x = [](const std::string& svg) {
+    const auto at = svg.find("fill-opacity=\"0.9\"");
+    REQUIRE(at != std::string::npos);
+    const auto rect = svg.rfind("<rect x=\"", at);
+    double x = 0;
+    std::sscanf(svg.c_str() + rect, "<rect x=\"%lf\"", &x);
+    return x;
+  };
+  LinePlot p;
+  p.title = "t";
+  p.x_label = "x (s)";
+  p.y_label = "y (ms)";
+  // A line from the top-left corner to the bottom-right one: the legend moves right.
+  p.series.push_back(PlotSeries{"falling", {{0, 100}, {10, 0}}, "", false, true});
+  CHECK(legend_x(tailbatch::render_svg(p)) > p.width / 2.0);
+  // Rising from the bottom-left: the top-left corner is free.
+  p.series[0].points = {{0, 0}, {10, 100}};
+  CHECK(legend_x(tailbatch::render_svg(p)) < p.width / 2.0);
+  // Asked for explicitly, it stays where it was put.
+  p.legend = tailbatch::LegendPosition::top_right;
+  CHECK(legend_x(tailbatch::render_svg(p)) > p.width / 2.0);
+}

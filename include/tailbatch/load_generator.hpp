@@ -107,9 +107,10 @@ struct LoadOptions {
   // plus however long a synchronous target's last call takes to return.
   std::chrono::nanoseconds drain_timeout = std::chrono::seconds(5);
   std::uint64_t seed = 42;
-  // Synchronous targets only: the number of threads calling the target. 0 calls it inline
-  // on the sending thread (deterministic on a ManualClock; a slow call then delays the
-  // following sends, and their latency still counts from their intended times).
+  // Synchronous targets only: the number of threads calling the target (which must then be
+  // thread-safe). 0 calls it inline on the sending thread (deterministic on a ManualClock;
+  // a slow call then delays the following sends, and their latency still counts from their
+  // intended times).
   std::size_t workers = 0;
   // At most this many requests in flight (or queued for workers); a request due while the
   // limit is reached is not sent and counts as dropped (an error). Bounds memory under

@@ -292,7 +292,7 @@ class SimAdmission {
 // and `admission` on `config.lanes` modelled lanes, until every request has completed.
 // The admission policy is used in place (a ConcurrencyLimiter keeps its learned limit);
 // give a learning limiter config.clock as its clock. Single-threaded; allocates; costs
-// about a microsecond of CPU per request. Throws std::invalid_argument naming a bad field
+// a fraction of a microsecond of CPU per simulated request. Throws std::invalid_argument naming a bad field
 // of config (or what the Pipeline's constructor throws, e.g. a limiter cap below
 // max_batch × lanes). Not thread-safe with respect to `admission` and config.clock.
 template <BatchPolicy Policy, AdmissionPolicy Admission>

@@ -4,8 +4,9 @@
 // It draws what a latency report needs and nothing more: a title (and a subtitle saying
 // how the figure was made), axes with labels and "nice" ticks (1, 2, 5 × 10^k), grid lines,
 // any number of named series as lines with markers, horizontal and vertical reference
-// lines (an SLO, a saturation point) with labels, a legend, and a linear or logarithmic
-// y axis. The load generator builds its plots with it (load_generator.hpp).
+// lines (an SLO, a saturation point) with labels, a legend (placed where it hides the least
+// data), and a linear or logarithmic y axis. The load generator builds its plots with it
+// (load_generator.hpp).
 //
 // Every function is pure and allocates its result; nothing here keeps state.
 #pragma once
@@ -46,7 +47,8 @@ struct PlotLine {
 };
 
 enum class AxisScale { linear, log };
-enum class LegendPosition { top_left, top_right, bottom_right };
+// automatic: the corner where the legend covers the least of the data.
+enum class LegendPosition { automatic, top_left, top_right, bottom_left, bottom_right };
 
 // Everything one plot shows. Labels should carry their units ("offered load (requests/s)").
 struct LinePlot {
@@ -59,7 +61,7 @@ struct LinePlot {
   std::vector<PlotLine> vertical;    // x = value
   std::optional<double> x_min, x_max, y_min, y_max;  // unset: fitted to the data
   AxisScale y_scale = AxisScale::linear;
-  LegendPosition legend = LegendPosition::top_left;
+  LegendPosition legend = LegendPosition::automatic;
   int width = 820;
   int height = 500;
 };
@@ -303,12 +305,50 @@ inline constexpr const char* plot_palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", 
     std::size_t longest = 0;
     for (const auto& s : plot.series) longest = std::max(longest, s.name.size());
     const double lw = 44.0 + 7.0 * static_cast<double>(longest), lh = 10.0 + 18.0 * static_cast<double>(plot.series.size());
-    double lx = left + 10, ly = top + 10;
-    if (plot.legend == LegendPosition::top_right) lx = left + pw - lw - 10;
-    if (plot.legend == LegendPosition::bottom_right) {
-      lx = left + pw - lw - 10;
-      ly = top + ph - lh - 28;
+    auto corner = [&](LegendPosition p) {
+      const bool right = p == LegendPosition::top_right || p == LegendPosition::bottom_right;
+      const bool bottom = p == LegendPosition::bottom_left || p == LegendPosition::bottom_right;
+      return PlotPoint{right ? left + pw - lw - 10 : left + 10, bottom ? top + ph - lh - 28 : top + 10};
+    };
+    LegendPosition where = plot.legend;
+    if (where == LegendPosition::automatic) {
+      // Count how much of each line (sampled along its segments) a box in each corner hides.
+      auto hidden = [&](PlotPoint at) {
+        std::size_t n = 0;
+        auto inside = [&](double x, double y) {
+          return x >= at.x - 4 && x <= at.x + lw + 4 && y >= at.y - 4 && y <= at.y + lh + 4;
+        };
+        for (const auto& sr : plot.series) {
+          const PlotPoint* prev = nullptr;
+          for (const auto& pt : sr.points) {
+            if (!std::isfinite(pt.x) || !std::isfinite(pt.y) || (log_y && pt.y <= 0.0)) {
+              prev = nullptr;
+              continue;
+            }
+            const double x1 = px(pt.x), y1 = py(pt.y);
+            if (prev == nullptr) {
+              n += inside(x1, y1) ? 1 : 0;
+            } else {
+              const double x0 = px(prev->x), y0 = py(prev->y);
+              for (int k = 1; k <= 16; ++k)
+                n += inside(x0 + (x1 - x0) * k / 16.0, y0 + (y1 - y0) * k / 16.0) ? 1 : 0;
+            }
+            prev = &pt;
+          }
+        }
+        return n;
+      };
+      std::size_t best = std::numeric_limits<std::size_t>::max();
+      for (LegendPosition c : {LegendPosition::top_left, LegendPosition::top_right, LegendPosition::bottom_right,
+                               LegendPosition::bottom_left}) {
+        const std::size_t h = hidden(corner(c));
+        if (h < best) {
+          best = h;
+          where = c;
+        }
+      }
     }
+    const double lx = corner(where).x, ly = corner(where).y;
     o += "<rect x=\"" + svg_num(lx) + "\" y=\"" + svg_num(ly) + "\" width=\"" + svg_num(lw) + "\" height=\"" +
          svg_num(lh) + "\" fill=\"white\" fill-opacity=\"0.9\" stroke=\"#bbb\"/>\n";
     for (std::size_t i = 0; i < plot.series.size(); ++i) {
