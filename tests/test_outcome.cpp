@@ -59,7 +59,8 @@ TEST_CASE("Cancellation tokens observe their source and run callbacks once", "[o
   tailbatch::CancellationToken token = source.get_token();
   int calls = 0;
   {
-    tailbatch::CancellationCallback cb(token, [&] { ++calls; });
+    auto on_cancel = [&] { ++calls; };
+    tailbatch::CancellationCallback<decltype(on_cancel)> cb(token, on_cancel);
     REQUIRE_FALSE(token.stop_requested());
     REQUIRE(source.request_stop());
     REQUIRE_FALSE(source.request_stop());
