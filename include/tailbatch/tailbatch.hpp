@@ -18,6 +18,7 @@
 #include <tailbatch/reference/tokenizer.hpp>
 #include <tailbatch/reference/classifier.hpp>
 #include <tailbatch/reference/classifier_model.hpp>
+#include <tailbatch/reference/generator.hpp>
 #include <tailbatch/planner.hpp>
 #include <tailbatch/svg_plot.hpp>
 #include <tailbatch/load_profile.hpp>
