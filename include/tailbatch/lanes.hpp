@@ -12,15 +12,14 @@
 
 #include <chrono>
 #include <concepts>
-#include <condition_variable>
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <tailbatch/detail/lane_slots.hpp>
 #include <tailbatch/detail/throw.hpp>
 
 namespace tailbatch {
@@ -84,12 +83,12 @@ class HostLanes {
   class Lease {
    public:
     Lease(Lease&& other) noexcept
-        : owner_(std::exchange(other.owner_, nullptr)), index_(other.index_) {}
+        : owner_(std::exchange(other.owner_, nullptr)), slot_(other.slot_) {}
     Lease& operator=(Lease&& other) noexcept {
       if (this != &other) {
         release();
         owner_ = std::exchange(other.owner_, nullptr);
-        index_ = other.index_;
+        slot_ = other.slot_;
       }
       return *this;
     }
@@ -99,25 +98,26 @@ class HostLanes {
 
     // The leased lane. Precondition: the lease was not moved from. Not thread-safe: one
     // owner at a time.
-    [[nodiscard]] HostLane& lane() const noexcept { return owner_->lanes_[index_]; }
-    // The leased lane's index. Not thread-safe: one owner at a time.
-    [[nodiscard]] std::size_t index() const noexcept { return index_; }
+    [[nodiscard]] HostLane& lane() const noexcept { return owner_->lanes_[index()]; }
+    // The leased lane's index. Precondition: not moved from. Not thread-safe: one owner at
+    // a time.
+    [[nodiscard]] std::size_t index() const noexcept { return owner_->slots_.lane_of(slot_); }
 
    private:
     friend class HostLanes;
-    Lease(HostLanes* owner, std::size_t index) noexcept : owner_(owner), index_(index) {}
+    Lease(HostLanes* owner, std::size_t slot) noexcept : owner_(owner), slot_(slot) {}
     void release() noexcept {
-      if (owner_ != nullptr) std::exchange(owner_, nullptr)->give_back(index_);
+      if (owner_ != nullptr) std::exchange(owner_, nullptr)->slots_.give_back(slot_);
     }
 
     HostLanes* owner_;
-    std::size_t index_;
+    std::size_t slot_;
   };
 
   // `lanes` lanes of `lane_capacity` slots each. Allocates. Throws std::invalid_argument
   // ("HostLanes: lanes must be >= 1", "HostLanes: lane_capacity must be >= 1").
   explicit HostLanes(std::size_t lanes = 1, std::size_t lane_capacity = 1)
-      : capacity_(lane_capacity), in_flight_(lanes, 0) {
+      : slots_(lanes, lane_capacity) {
     if (lanes < 1) detail::throw_invalid_argument("HostLanes: lanes must be >= 1");
     if (lane_capacity < 1) detail::throw_invalid_argument("HostLanes: lane_capacity must be >= 1");
     lanes_.reserve(lanes);
@@ -130,61 +130,32 @@ class HostLanes {
   // The number of lanes. Thread-safe.
   [[nodiscard]] std::size_t size() const noexcept { return lanes_.size(); }
   // The most leases one lane grants at once. Thread-safe.
-  [[nodiscard]] std::size_t lane_capacity() const noexcept { return capacity_; }
+  [[nodiscard]] std::size_t lane_capacity() const noexcept { return slots_.capacity(); }
 
   // A lease on the least-loaded lane below its cap (the lowest index among equals), or
   // nullopt when all are at their cap. Never blocks on a full backend (takes a short
   // internal lock), never allocates. Thread-safe.
-  [[nodiscard]] std::optional<Lease> try_acquire() noexcept {
-    std::lock_guard lock(mu_);
-    return take_locked();
-  }
+  [[nodiscard]] std::optional<Lease> try_acquire() noexcept { return lease(slots_.try_take()); }
 
   // As try_acquire, but waits up to `timeout` for a slot to free. Blocks. Returns nullopt
   // on timeout. Thread-safe.
   [[nodiscard]] std::optional<Lease> acquire_for(std::chrono::nanoseconds timeout) {
-    std::unique_lock lock(mu_);
-    std::optional<Lease> lease = take_locked();
-    if (lease) return lease;
-    freed_.wait_for(lock, timeout, [&] {
-      lease = take_locked();
-      return lease.has_value();
-    });
-    return lease;
+    return lease(slots_.take_for(timeout));
   }
 
   // Leases held on lane `index` right now; racy by nature. Thread-safe.
   [[nodiscard]] std::size_t in_flight_approx(std::size_t index) const noexcept {
-    std::lock_guard lock(mu_);
-    return index < in_flight_.size() ? in_flight_[index] : 0;
+    return slots_.in_flight(index);
   }
 
  private:
-  std::optional<Lease> take_locked() noexcept {
-    std::size_t best = lanes_.size();
-    for (std::size_t i = 0; i < in_flight_.size(); ++i) {
-      if (in_flight_[i] < capacity_ && (best == lanes_.size() || in_flight_[i] < in_flight_[best])) {
-        best = i;
-      }
-    }
-    if (best == lanes_.size()) return std::nullopt;
-    ++in_flight_[best];
-    return Lease(this, best);
+  std::optional<Lease> lease(std::optional<std::size_t> slot) noexcept {
+    if (!slot) return std::nullopt;
+    return Lease(this, *slot);
   }
 
-  void give_back(std::size_t index) noexcept {
-    {
-      std::lock_guard lock(mu_);
-      --in_flight_[index];
-    }
-    freed_.notify_one();
-  }
-
-  std::size_t capacity_;
   std::vector<HostLane> lanes_;
-  mutable std::mutex mu_;
-  std::condition_variable freed_;
-  std::vector<std::size_t> in_flight_;
+  detail::LaneSlots slots_;
 };
 
 static_assert(LaneBackend<HostLanes>);

@@ -33,10 +33,8 @@
 
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -46,6 +44,7 @@
 
 #include <tailbatch/cuda/error.hpp>
 #include <tailbatch/cuda/resources.hpp>
+#include <tailbatch/detail/lane_slots.hpp>
 #include <tailbatch/lanes.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
@@ -294,8 +293,7 @@ class StreamPool {
   explicit StreamPool(StreamPoolConfig config = {})
       : config_(validate(std::move(config))),
         info_(detail::open_device(config_.device, "StreamPool")),
-        in_flight_(config_.lanes, 0),
-        busy_(config_.lanes * config_.lane_capacity, false) {
+        lane_slots_(config_.lanes, config_.lane_capacity) {
     try {
       streams_.reserve(config_.lanes);
       slots_.reserve(config_.lanes * config_.lane_capacity);
@@ -323,12 +321,7 @@ class StreamPool {
     for (auto& slot : slots_) slot->histogram_ = histogram_;
     if (config_.metrics != nullptr) {
       in_flight_gauge_ = config_.metrics->gauge_callback(
-          "tailbatch_cuda_lanes_in_flight", "Batches holding a CUDA lane right now", config_.metric_labels, [this] {
-            std::lock_guard lock(mu_);
-            std::size_t n = 0;
-            for (std::size_t c : in_flight_) n += c;
-            return static_cast<double>(n);
-          });
+          "tailbatch_cuda_lanes_in_flight", "Batches holding a CUDA lane right now", config_.metric_labels, [this] { return static_cast<double>(lane_slots_.total_in_flight()); });
     }
   }
 
@@ -348,27 +341,16 @@ class StreamPool {
 
   // A lease on the least-loaded stream below its cap (the lowest index among equals), or
   // nullopt when all are at their cap. Takes a short lock; never allocates. Thread-safe.
-  [[nodiscard]] std::optional<Lease> try_acquire() noexcept {
-    std::lock_guard lock(mu_);
-    return take_locked();
-  }
+  [[nodiscard]] std::optional<Lease> try_acquire() noexcept { return lease(lane_slots_.try_take()); }
 
   // As try_acquire, waiting up to `timeout` for a slot to free. Blocks. Thread-safe.
   [[nodiscard]] std::optional<Lease> acquire_for(std::chrono::nanoseconds timeout) {
-    std::unique_lock lock(mu_);
-    std::optional<Lease> lease = take_locked();
-    if (lease) return lease;
-    freed_.wait_for(lock, timeout, [&] {
-      lease = take_locked();
-      return lease.has_value();
-    });
-    return lease;
+    return lease(lane_slots_.take_for(timeout));
   }
 
   // Leases held on stream `index` right now; racy. Thread-safe.
   [[nodiscard]] std::size_t in_flight_approx(std::size_t index) const noexcept {
-    std::lock_guard lock(mu_);
-    return index < in_flight_.size() ? in_flight_[index] : 0;
+    return lane_slots_.in_flight(index);
   }
 
   // Lease slot i (stream i / lane_capacity(), slot i % lane_capacity()), for backends that
@@ -390,28 +372,14 @@ class StreamPool {
     return c;
   }
 
-  std::optional<Lease> take_locked() noexcept {
-    const std::size_t n = in_flight_.size();
-    std::size_t best = n;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (in_flight_[i] < config_.lane_capacity && (best == n || in_flight_[i] < in_flight_[best])) best = i;
-    }
-    if (best == n) return std::nullopt;
-    std::size_t slot = best * config_.lane_capacity;
-    while (busy_[slot]) ++slot;  // a free slot exists: in_flight_[best] < capacity
-    busy_[slot] = true;
-    ++in_flight_[best];
-    return Lease(this, slot);
+  std::optional<Lease> lease(std::optional<std::size_t> slot) noexcept {
+    if (!slot) return std::nullopt;
+    return Lease(this, *slot);
   }
 
   void give_back(std::size_t slot) noexcept {
     slots_[slot]->end_lease();
-    {
-      std::lock_guard lock(mu_);
-      busy_[slot] = false;
-      --in_flight_[slot / config_.lane_capacity];
-    }
-    freed_.notify_one();
+    lane_slots_.give_back(slot);
   }
 
   StreamPoolConfig config_;
@@ -420,10 +388,7 @@ class StreamPool {
   LatencyHistogram* histogram_ = nullptr;
   std::vector<Stream> streams_;
   std::vector<std::unique_ptr<StreamLane>> slots_;  // stream i's slots at [i * capacity, (i + 1) * capacity)
-  mutable std::mutex mu_;
-  std::condition_variable freed_;
-  std::vector<std::size_t> in_flight_;
-  std::vector<bool> busy_;
+  tailbatch::detail::LaneSlots lane_slots_;
   CallbackRegistration in_flight_gauge_;  // last: unregistered before the rest is destroyed
 };
 
