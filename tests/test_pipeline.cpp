@@ -2,11 +2,13 @@
 // priority, deadline, cancellation and shutdown rule is checked deterministically.
 #include <tailbatch/pipeline.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tailbatch_test.hpp"
@@ -414,6 +416,103 @@ TEST_CASE("Pipeline (manual): a full queue rejects at once with a retry-after fr
   for (auto& x : f) CHECK(x.get().ok());
 }
 
+TEST_CASE("Pipeline (manual): threads on different shards share one capacity; each keeps its order") {
+  ManualClock clock;
+  std::vector<std::vector<int>> batches;
+  ManualPipeline<>::Config cfg;
+  cfg.queue_capacity = 1000;
+  cfg.submit_shards = 64;
+  ManualPipeline<> p(
+      [&](std::span<const int> in, std::span<int> out, HostLane&) {
+        batches.emplace_back(in.begin(), in.end());
+        for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i];
+      },
+      FixedWindow{64, 1ms}, cfg, clock);
+  // 8 threads x 300 requests race for 1000 places: exactly 1000 are queued, whichever
+  // shards their threads hash to.
+  constexpr int threads = 8;
+  constexpr int per = 300;
+  std::atomic<int> accepted_done{0};
+  std::atomic<int> full{0};
+  std::vector<std::thread> producers;
+  for (int t = 0; t < threads; ++t) {
+    producers.emplace_back([&, t] {
+      for (int i = 0; i < per; ++i) {
+        p.submit(t * per + i, [&](Outcome<int>&& o) {
+          if (o.ok()) {
+            accepted_done.fetch_add(1);
+          } else if (o.reason() == RejectReason::queue_full) {
+            full.fetch_add(1);
+          }
+        });
+      }
+    });
+  }
+  for (auto& th : producers) th.join();
+  CHECK(p.queued_approx() == 1000);
+  CHECK(full.load() == threads * per - 1000);
+  clock.advance(1ms);
+  while (p.poll().batches > 0) {
+  }
+  CHECK(accepted_done.load() == 1000);
+  CHECK(p.queued_approx() == 0);
+  // Within the batches, each thread's requests run in the order that thread submitted.
+  std::vector<int> last(threads, -1);
+  std::size_t ran = 0;
+  for (const auto& b : batches) {
+    for (int x : b) {
+      CHECK(x > last[static_cast<std::size_t>(x / per)]);
+      last[static_cast<std::size_t>(x / per)] = x;
+      ++ran;
+    }
+  }
+  CHECK(ran == 1000);
+  const PipelineStats s = p.stats();
+  CHECK(s.submitted == threads * per);
+  CHECK(s.count(RejectReason::queue_full) == threads * per - 1000);
+}
+
+TEST_CASE("Pipeline (manual): with a large capacity, shards hold back less than 1/16 of it") {
+  ManualClock clock;
+  ManualPipeline<>::Config cfg;
+  cfg.queue_capacity = 4096;
+  cfg.submit_shards = 16;  // each claims 4096 / (16 x 16) = 16 places at a time
+  ManualPipeline<> p([](std::span<const int>, std::span<int>, HostLane&) {}, FixedWindow{64, 1ms}, cfg, clock);
+  std::atomic<std::size_t> full{0};
+  std::vector<std::thread> producers;
+  for (int t = 0; t < 8; ++t) {
+    producers.emplace_back([&] {
+      for (int i = 0; i < 1000; ++i) {
+        p.submit(i, [&](Outcome<int>&& o) {
+          if (o.reason() == RejectReason::queue_full) full.fetch_add(1);
+        });
+      }
+    });
+  }
+  for (auto& th : producers) th.join();
+  const std::size_t queued = p.queued_approx();
+  CHECK(queued <= 4096);
+  CHECK(queued > 4096 - 4096 / 16);
+  CHECK(queued + full.load() == 8000);
+  // Another thread finds every place the pool still holds: it fills the queue but for
+  // what the other shards hold back.
+  std::size_t refused = 0;
+  std::thread([&] {
+    for (int i = 0; i < 4096; ++i) {
+      p.submit(i, [&](Outcome<int>&& o) { refused += o.reason() == RejectReason::queue_full; });
+    }
+  }).join();
+  const std::size_t topped_up = p.queued_approx();
+  CHECK(topped_up == queued + (4096 - refused));
+  CHECK(topped_up <= 4096);
+  CHECK(topped_up > 4096 - 4096 / 16);
+  clock.advance(1ms);
+  while (p.poll().batches > 0) {
+  }
+  CHECK(p.queued_approx() == 0);
+  CHECK(p.stats().count(Status::ok) == topped_up);
+}
+
 TEST_CASE("Pipeline (manual): shutdown drains the queue, then rejects new work") {
   ManualClock clock;
   Log log;
@@ -486,6 +585,8 @@ TEST_CASE("Pipeline: bad configuration names the field") {
         "Pipeline: workers must be 0 with a clock other than SteadyClock");
   CHECK(invalid_argument_message([&] { make({.drain_timeout = -1ms}); }) == "Pipeline: drain_timeout must be >= 0");
   CHECK(invalid_argument_message([&] { make({.starvation_limit = 0ms}); }) == "Pipeline: starvation_limit must be > 0");
+  CHECK(invalid_argument_message([&] { make({.submit_shards = 65}); }) ==
+        "Pipeline: submit_shards must be at most 64 (0: automatic)");
   CHECK(invalid_argument_message([&] { P p(P::Model{}, FixedWindow{4, 1ms}, {}, clock); }) ==
         "Pipeline: model must be set");
 }

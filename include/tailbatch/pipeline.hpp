@@ -76,7 +76,10 @@ struct SubmitOptions {
 template <class Req>
 struct PipelineConfig {
   // The most requests waiting at once (not yet in a batch). A submit beyond it completes
-  // at once with rejected/queue_full and a retry-after hint.
+  // at once with rejected/queue_full and a retry-after hint. Never exceeded. Each submit
+  // shard claims places a few at a time, so with several submitting threads a submit may
+  // be refused while places that other threads' shards have claimed (together less than
+  // 1/16 of the capacity) are still unused; with one, the queue holds exactly this many.
   std::size_t queue_capacity = 4096;
   // Worker threads. Unset: one per lane slot (lanes.size() x lanes.lane_capacity()) with
   // SteadyClock, 0 with any other clock. 0: no threads, the caller drives poll(). Must
@@ -93,6 +96,11 @@ struct PipelineConfig {
   // latency. Costs at most this much processor time per window that closes by time.
   // Zero: plain timed sleep.
   std::chrono::nanoseconds dispatch_spin = std::chrono::microseconds(100);
+  // Submitters append to one of this many separately locked queues, chosen by thread (a
+  // thread keeps to one, so its requests stay in order), which the batch leader merges.
+  // More of them: less contention between threads that submit at the same moment. 0:
+  // automatic, 4 per hardware thread, from 16 to 64. At most 64.
+  std::size_t submit_shards = 0;
   // A request's cost (its length in tokens); required by policies that read it
   // (TokenBudget), unused otherwise. Called once per submit; must be thread-safe.
   std::function<std::size_t(const Req&)> request_cost{};
@@ -163,6 +171,32 @@ struct CancelHook {
 
 template <class C>
 inline constexpr bool is_real_time_clock = std::is_same_v<C, SteadyClock>;
+
+// A hint to the processor that this thread is spinning.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Locks m, trying a little first: its holders keep it for tens of nanoseconds, far less
+// than a sleep and wake-up in the kernel costs the waiter and the holder.
+inline void lock_spinning(std::mutex& m) {
+  for (int i = 0; i < 32; ++i) {
+    if (m.try_lock()) return;
+    cpu_relax();
+  }
+  m.lock();
+}
+
+// Asks for the cache line at p in a state fit for writing, ahead of the write.
+inline void prefetch_for_write([[maybe_unused]] const void* p) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(p, 1);
+#endif
+}
 
 // The admission policy's limit, when it has an observer for one.
 template <class A>
@@ -331,8 +365,8 @@ class Pipeline {
     if (shut_down_) return;
     {
       std::lock_guard lock(mu_);
-      closing_.store(true, std::memory_order_relaxed);
       drain_deadline_ = detail::saturating_add(clock_.now(), config_.drain_timeout);
+      closing_.store(true, std::memory_order_release);
     }
     work_cv_.notify_all();
     if (threaded_) {
@@ -348,7 +382,7 @@ class Pipeline {
   // Requests waiting in the queue (not yet in a batch). Racy by nature. Thread-safe.
   [[nodiscard]] std::size_t queued_approx() const noexcept {
     const std::uint64_t out = dequeued_.load(std::memory_order_relaxed);
-    const std::uint64_t in = enqueued_.load(std::memory_order_relaxed);
+    const std::uint64_t in = accepted_total();
     return in > out ? static_cast<std::size_t>(in - out) : 0;
   }
   // Requests in batches being executed or completed right now. Racy. Thread-safe.
@@ -357,12 +391,13 @@ class Pipeline {
   // measured). Racy. Thread-safe.
   [[nodiscard]] double drain_rate_approx() const noexcept { return drain_rate_.load(std::memory_order_relaxed); }
 
-  // Counts since construction (see PipelineStats). Takes a short lock. Thread-safe.
+  // Counts since construction (see PipelineStats). Takes each submit shard's lock in
+  // turn, briefly. Thread-safe.
   [[nodiscard]] PipelineStats stats() const {
     PipelineStats s;
-    {
-      std::lock_guard lock(mu_);
-      s.submitted = enqueued_.load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < shard_count_; ++i) {
+      std::lock_guard lock(shards_[i].mu);
+      s.submitted += shards_[i].accepted.load(std::memory_order_relaxed);
     }
     s.queued = queued_approx();
     s.submitted += inline_submitted_.load(std::memory_order_relaxed);
@@ -472,6 +507,22 @@ class Pipeline {
     std::vector<Pick> picks;
   };
 
+  static constexpr std::size_t max_shards = 64;  // one bit each in dirty_shards_
+  static constexpr std::size_t max_capacity = std::size_t{1} << 62;  // fits free_slots_
+
+  // One of the queues submitters append to. Everything in it is under its mu.
+  struct alignas(64) Shard {
+    mutable std::mutex mu;
+    // Per sub-queue (priority, bucket): a chain of fixed-capacity chunks being filled.
+    std::vector<std::vector<std::vector<Entry>>> incoming;
+    std::vector<std::uint32_t> dirty;              // sub-queues with something incoming
+    std::vector<std::vector<Entry>> free_chunks;   // emptied chunks, capacity kept
+    std::size_t chunks_made = 0;
+    std::size_t slots = 0;                         // queue places claimed, not yet used
+    // Requests queued here since construction (written under mu, read without it).
+    std::atomic<std::uint64_t> accepted{0};
+  };
+
   Pipeline(Model model, Policy policy, Config config, std::unique_ptr<Lanes> own_lanes, Lanes* lanes,
            std::unique_ptr<Admission> own_admission, Admission* admission, C clock)
       : model_(std::move(model)),
@@ -485,11 +536,21 @@ class Pipeline {
         max_batch_(policy_.max_batch()),
         staged_(priority_levels, bucket_count(policy_), policy_.order()) {
     validate();
-    incoming_.resize(staged_.sub_count());
-    incoming_dirty_.reserve(staged_.sub_count());
-    ingest_.reserve(staged_.sub_count());
-    spare_chains_.resize(staged_.sub_count());
-    chunk_entries_ = std::clamp<std::size_t>(16384 / sizeof(Entry), 16, 1024);
+    shard_count_ = config_.submit_shards != 0 ? config_.submit_shards : auto_shard_count();
+    shards_ = std::make_unique<Shard[]>(shard_count_);
+    free_slots_.store(static_cast<std::int64_t>(std::min<std::size_t>(config_.queue_capacity, max_capacity)),
+                      std::memory_order_relaxed);
+    // A shard claims up to this many places at once; all shards together then hold back
+    // less than 1/16 of the capacity.
+    slot_block_ = std::clamp<std::size_t>(config_.queue_capacity / (16 * shard_count_), 1, 32);
+    for (std::size_t i = 0; i < shard_count_; ++i) {
+      shards_[i].incoming.resize(staged_.sub_count());
+      shards_[i].dirty.reserve(staged_.sub_count());
+    }
+    // The leader may take every shard's every chain at once, and hands each an empty one.
+    ingest_.reserve(shard_count_ * staged_.sub_count());
+    spare_chains_.resize(shard_count_ * staged_.sub_count());
+    chunk_entries_ = std::clamp<std::size_t>(4096 / sizeof(Entry), 16, 1024);
     views_.resize(staged_.buckets());
     for (View& v : views_) {
       v.candidates.reserve(max_batch_);
@@ -516,6 +577,11 @@ class Pipeline {
 #endif
   }
 
+  static std::size_t auto_shard_count() noexcept {
+    const std::size_t hw = std::max(1U, std::thread::hardware_concurrency());
+    return std::clamp<std::size_t>(4 * hw, 16, max_shards);
+  }
+
   static std::size_t bucket_count(const Policy& p) noexcept {
     if constexpr (BucketedBatchPolicy<Policy>) {
       return std::max<std::size_t>(1, p.bucket_count());
@@ -538,6 +604,9 @@ class Pipeline {
     }
     if (config_.dispatch_spin < std::chrono::nanoseconds::zero()) {
       detail::throw_invalid_argument("Pipeline: dispatch_spin must be >= 0");
+    }
+    if (config_.submit_shards > max_shards) {
+      detail::throw_invalid_argument("Pipeline: submit_shards must be at most 64 (0: automatic)");
     }
     if (lanes_->size() < 1) detail::throw_invalid_argument("Pipeline: lanes must have size() >= 1");
     if (lanes_->lane_capacity() < 1) detail::throw_invalid_argument("Pipeline: lanes must have lane_capacity() >= 1");
@@ -646,47 +715,71 @@ class Pipeline {
     }
 
     const std::size_t sub = staged_.sub_index(level, bucket);
+    const std::size_t my_shard = shard_of_this_thread();
+    Shard& shard = shards_[my_shard];
     RejectReason refused = RejectReason::none;
-    bool wake = false;
+    bool fired = false;
     {
-      std::unique_lock lock(mu_, std::defer_lock);
+      std::unique_lock lock(shard.mu, std::defer_lock);
+      bool claimed = false;
 #if TAILBATCH_HAS_EXCEPTIONS
       try {
 #endif
-        lock.lock();
-        const std::uint64_t enq = enqueued_.load(std::memory_order_relaxed);
+        detail::lock_spinning(shard.mu);
+        lock = std::unique_lock(shard.mu, std::adopt_lock);
+        // Under the shard lock: the leader, once it has seen closing_, sweeps every shard,
+        // so a request queued here after that sweep cannot exist.
         if (closing_.load(std::memory_order_relaxed)) {
           refused = RejectReason::shutting_down;
-        } else if (enq - dequeued_.load(std::memory_order_relaxed) >= config_.queue_capacity) {
+        } else if (shard.slots == 0 && !claim_slots(shard)) {
           refused = RejectReason::queue_full;
         } else {
-          std::vector<std::vector<Entry>>& chain = incoming_[sub];
-          if (chain.empty() || chain.back().size() == chain.back().capacity()) new_chunk_locked(chain);
+          --shard.slots;
+          claimed = true;
+          std::vector<std::vector<Entry>>& chain = shard.incoming[sub];
+          if (chain.empty() || chain.back().size() == chain.back().capacity()) new_chunk_locked(shard, chain);
           // Allocation, the only thing that can throw here, happened above, before the
           // arguments were moved from: on failure they are still ours. This never
           // reallocates: requests never move while they wait.
-          chain.back().emplace_back(std::move(req), std::move(done), now, std::move(hook), std::move(*ticket), deadline,
-                                    cost);
-          if (chain.size() == 1 && chain.back().size() == 1) incoming_dirty_.push_back(static_cast<std::uint32_t>(sub));
-          enqueued_.store(enq + 1, std::memory_order_relaxed);
+          std::vector<Entry>& chunk = chain.back();
+          chunk.emplace_back(std::move(req), std::move(done), now, std::move(hook), std::move(*ticket), deadline, cost);
+          // The next request's place, for the write that comes with it.
+          if (chunk.size() < chunk.capacity()) detail::prefetch_for_write(chunk.data() + chunk.size());
+          shard.accepted.store(shard.accepted.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+          if (shard.dirty.empty()) {
+            // Pairs with the leader's store to leader_sleeping_ and its look at
+            // dirty_shards_ before it sleeps: either it sees this shard, or this sees it
+            // asleep. (A shard already dirty is seen, or is being taken.)
+            dirty_shards_.fetch_or(std::uint64_t{1} << my_shard, std::memory_order_seq_cst);
+          }
+          if (chain.size() == 1 && chunk.size() == 1) shard.dirty.push_back(static_cast<std::uint32_t>(sub));
           // A stop that landed between the token check and now found nothing queued to
           // flag: flag it here, so the leader removes the request promptly.
-          const Hook* h = chain.back().back().meta.cancel.get();
-          if (h != nullptr && h->fired.load(std::memory_order_acquire)) cancel_pending_ = true;
-          wake = leader_sleeping_ && (enq + 1 >= wake_at_enqueued_ || deadline < wake_if_deadline_before_ ||
-                                      cancel_pending_);
-          if (wake) leader_sleeping_ = false;  // one wake-up is enough
+          const Hook* h = chunk.back().meta.cancel.get();
+          fired = h != nullptr && h->fired.load(std::memory_order_acquire);
         }
 #if TAILBATCH_HAS_EXCEPTIONS
       } catch (...) {
+        if (claimed) ++shard.slots;  // still under the lock: only the allocation throws
         if (lock.owns_lock()) lock.unlock();
         return finish_inline(done, std::move(*ticket), now,
                              Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}}, std::move(hook));
       }
 #endif
     }
-    if (wake) work_cv_.notify_one();
-    if (refused == RejectReason::none) return;
+    if (refused == RejectReason::none) {
+      if (fired) cancel_pending_.store(true, std::memory_order_seq_cst);
+      if (leader_sleeping_.load(std::memory_order_seq_cst)) {
+        // Only while the leader sleeps are arrivals counted: it asked to be woken by so
+        // many more, or by a deadline earlier than a mark.
+        const std::uint64_t arrived = sleep_arrivals_.fetch_add(1, std::memory_order_relaxed) + 1;
+        if (arrived >= wake_after_arrivals_.load(std::memory_order_relaxed) ||
+            deadline.time_since_epoch().count() < wake_if_deadline_before_.load(std::memory_order_relaxed) || fired) {
+          wake_leader();
+        }
+      }
+      return;
+    }
     // The hook is destroyed in finish_inline, outside the lock its callback takes.
     const bool full = refused == RejectReason::queue_full;
     finish_inline(done, std::move(*ticket), now,
@@ -696,21 +789,61 @@ class Pipeline {
                   std::move(hook));
   }
 
-  // Appends an empty chunk to chain: a recycled one, or a new one. Under mu_. Throws
-  // std::bad_alloc with nothing changed.
-  void new_chunk_locked(std::vector<std::vector<Entry>>& chain) {
+  // Appends an empty chunk to chain: a recycled one, or a new one. Under shard.mu.
+  // Throws std::bad_alloc with nothing changed.
+  void new_chunk_locked(Shard& shard, std::vector<std::vector<Entry>>& chain) {
     if (chain.size() == chain.capacity()) chain.reserve(std::max<std::size_t>(4, 2 * chain.capacity()));
-    if (free_chunks_.empty()) {
+    if (shard.free_chunks.empty()) {
       std::vector<Entry> fresh;
       fresh.reserve(chunk_entries_);
-      // Every chunk may come back to the free list at once: room for all of them.
-      free_chunks_.reserve(chunks_made_ + 1);
-      ++chunks_made_;
+      // Room for every chunk this shard made to come back at once (the leader fills the
+      // free list only up to its capacity).
+      shard.free_chunks.reserve(shard.chunks_made + 1);
+      ++shard.chunks_made;
       chain.push_back(std::move(fresh));
     } else {
-      chain.push_back(std::move(free_chunks_.back()));
-      free_chunks_.pop_back();
+      chain.push_back(std::move(shard.free_chunks.back()));
+      shard.free_chunks.pop_back();
     }
+  }
+
+  // The submit shard of the calling thread: a hash of its id, so a thread keeps to one.
+  [[nodiscard]] std::size_t shard_of_this_thread() const noexcept {
+    if (shard_count_ == 1) return 0;
+    const std::uint64_t h = std::hash<std::thread::id>{}(std::this_thread::get_id());
+    const std::uint64_t mixed = (h ^ (h >> 29)) * 0x9E3779B97F4A7C15ULL;  // spread the bits
+    return static_cast<std::size_t>(((mixed >> 32) * shard_count_) >> 32);
+  }
+
+  // Moves up to slot_block_ places from the shared pool to the shard. Under shard.mu.
+  // False: none is free (the queue is full, or the free places are held by other shards).
+  bool claim_slots(Shard& shard) noexcept {
+    std::int64_t free = free_slots_.load(std::memory_order_relaxed);
+    while (free > 0) {
+      const std::int64_t n = std::min<std::int64_t>(free, static_cast<std::int64_t>(slot_block_));
+      if (free_slots_.compare_exchange_weak(free, free - n, std::memory_order_relaxed)) {
+        shard.slots += static_cast<std::size_t>(n);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Requests queued since construction, over all shards. Racy.
+  [[nodiscard]] std::uint64_t accepted_total() const noexcept {
+    std::uint64_t n = 0;
+    for (std::size_t i = 0; i < shard_count_; ++i) n += shards_[i].accepted.load(std::memory_order_relaxed);
+    return n;
+  }
+
+  // Ends the leader's sleep, once (a waker that finds it awake does nothing).
+  void wake_leader() noexcept {
+    bool wake = false;
+    {
+      std::lock_guard lock(mu_);
+      wake = leader_sleeping_.exchange(false, std::memory_order_seq_cst);
+    }
+    if (wake) work_cv_.notify_one();
   }
 
   // The time the current drain rate needs to empty the queue as it stands.
@@ -724,13 +857,9 @@ class Pipeline {
 
   static void on_cancel(void* self) noexcept {
     auto* p = static_cast<Pipeline*>(self);
-    bool wake = false;
-    {
-      std::lock_guard lock(p->mu_);
-      p->cancel_pending_ = true;
-      wake = std::exchange(p->leader_sleeping_, false);
-    }
-    if (wake) p->work_cv_.notify_one();
+    // Pairs with the leader's store to leader_sleeping_ and its look at cancel_pending_.
+    p->cancel_pending_.store(true, std::memory_order_seq_cst);
+    if (p->leader_sleeping_.load(std::memory_order_seq_cst)) p->wake_leader();
   }
 
   void count_inline(Status s, RejectReason r) noexcept {
@@ -884,20 +1013,17 @@ class Pipeline {
       bool closing = false;
       bool cancels = false;
       BatchTime drain_deadline = BatchTime::max();
-      {
+      closing = closing_.load(std::memory_order_acquire);
+      if (closing) {
         std::lock_guard lock(mu_);
-        closing = closing_.load(std::memory_order_relaxed);
-        cancels = std::exchange(cancel_pending_, false);
         drain_deadline = drain_deadline_;
-        // Whole chains of chunks change hands; no request moves.
-        for (const std::uint32_t s : incoming_dirty_) {
-          ingest_.emplace_back(s, std::move(incoming_[s]));  // within the reserved capacity
-          incoming_[s] = std::move(spare_chains_.back());  // an empty chain with capacity
-          spare_chains_.pop_back();
-        }
-        incoming_dirty_.clear();
-        staged_.give_back_chunks(free_chunks_);  // within the capacity reserved per chunk made
       }
+      cancels = cancel_pending_.exchange(false, std::memory_order_seq_cst);
+      // Once closing, every shard: a submitter that saw closing_ false under a shard's
+      // lock has queued by the time this takes that lock.
+      std::uint64_t take = dirty_shards_.exchange(0, std::memory_order_relaxed);
+      if (closing) take = shard_count_ == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << shard_count_) - 1;
+      for (; take != 0; take &= take - 1) take_shard(static_cast<std::size_t>(std::countr_zero(take)));
       stage_ingested();
       const BatchTime now = clock_.now();
       if (cancels) purge_cancelled(now);
@@ -931,30 +1057,61 @@ class Pipeline {
       const BatchTime early = detail::saturating_sub(wake_at, config_.dispatch_spin);
       if (wake_at != BatchTime::max() && now >= early) {
         // Newcomers end the spin only once there are enough to change the decision, as
-        // they would end a sleep: the spinning leader leaves the lock to the submitters.
-        const std::uint64_t enough =
-            enqueued_.load(std::memory_order_relaxed) + std::max<std::size_t>(1, round.wake_delta);
-        while (clock_.now() < wake_at && enqueued_.load(std::memory_order_relaxed) < enough &&
-               !closing_.load(std::memory_order_relaxed)) {
+        // they would end a sleep: the spinning leader leaves the shards to the submitters.
+        const std::uint64_t enough = ingested_ + std::max<std::size_t>(1, round.wake_delta);
+        while (clock_.now() < wake_at && !closing_.load(std::memory_order_relaxed) &&
+               (dirty_shards_.load(std::memory_order_relaxed) == 0 || accepted_total() < enough)) {
+          detail::cpu_relax();
         }
         continue;
       }
       std::unique_lock lock(mu_);
-      if (!incoming_dirty_.empty() || cancel_pending_ || closing_.load(std::memory_order_relaxed) != closing) continue;
-      wake_at_enqueued_ = enqueued_.load(std::memory_order_relaxed) + std::max<std::size_t>(1, round.wake_delta);
-      wake_if_deadline_before_ = round.wait.decide_again_if_deadline_before;
-      leader_sleeping_ = true;
+      sleep_arrivals_.store(0, std::memory_order_relaxed);
+      wake_after_arrivals_.store(std::max<std::size_t>(1, round.wake_delta), std::memory_order_relaxed);
+      wake_if_deadline_before_.store(round.wait.decide_again_if_deadline_before.time_since_epoch().count(),
+                                     std::memory_order_relaxed);
+      leader_sleeping_.store(true, std::memory_order_seq_cst);
+      // Pairs with a submitter's flagging of its shard (or a canceller's flag) and its
+      // look at leader_sleeping_: either this sees the newcomer, or the newcomer sees
+      // the leader asleep.
+      if (dirty_shards_.load(std::memory_order_seq_cst) != 0 || cancel_pending_.load(std::memory_order_seq_cst) ||
+          closing_.load(std::memory_order_relaxed) != closing) {
+        leader_sleeping_.store(false, std::memory_order_relaxed);
+        continue;
+      }
       if (wake_at == BatchTime::max()) {
         work_cv_.wait(lock);
       } else {
         work_cv_.wait_until(lock, early);
       }
-      leader_sleeping_ = false;
+      leader_sleeping_.store(false, std::memory_order_relaxed);
     }
   }
 
+  // Takes a submit shard's incoming chains (whole chains of chunks change hands; no
+  // request moves) and refills its free list.
+  void take_shard(std::size_t i) noexcept {
+    Shard& shard = shards_[i];
+    detail::lock_spinning(shard.mu);
+    std::lock_guard lock(shard.mu, std::adopt_lock);
+    for (const std::uint32_t s : shard.dirty) {
+      for (const std::vector<Entry>& chunk : shard.incoming[s]) ingested_ += chunk.size();
+      ingest_.emplace_back(s, std::move(shard.incoming[s]));  // within the reserved capacity
+      shard.incoming[s] = std::move(spare_chains_.back());  // an empty chain with capacity
+      spare_chains_.pop_back();
+    }
+    shard.dirty.clear();
+    staged_.give_back_chunks(shard.free_chunks);  // up to its capacity: never allocates
+  }
+
   // Makes what the leader took off the queue visible to submitters' capacity check.
-  void publish_dequeued() noexcept { dequeued_.store(dequeued_local_, std::memory_order_relaxed); }
+  void publish_dequeued() noexcept {
+    if (dequeued_local_ == dequeued_published_) return;
+    // Their places go back to the pool.
+    free_slots_.fetch_add(static_cast<std::int64_t>(dequeued_local_ - dequeued_published_), std::memory_order_relaxed);
+    dequeued_.store(dequeued_local_, std::memory_order_relaxed);
+    dequeued_published_ = dequeued_local_;
+  }
 
   void stage_ingested() noexcept {
     for (auto& [s, chain] : ingest_) {
@@ -1353,31 +1510,36 @@ class Pipeline {
   std::size_t max_batch_;
   bool threaded_ = false;
 
-  // Shared between submitters and the leader, under mu_.
-  mutable std::mutex mu_;
-  std::condition_variable work_cv_;
-  // Per sub-queue (priority, bucket): a chain of fixed-capacity chunks being filled.
-  std::vector<std::vector<std::vector<Entry>>> incoming_;
-  std::vector<std::uint32_t> incoming_dirty_;     // sub-queues with something incoming
-  std::vector<std::vector<Entry>> free_chunks_;   // emptied chunks, capacity kept
-  std::size_t chunks_made_ = 0;
+  // Where submitters queue: shards, each under its own lock, merged by the leader.
+  std::unique_ptr<Shard[]> shards_;
+  std::size_t shard_count_ = 1;
   std::size_t chunk_entries_ = 256;
-  std::atomic<std::uint64_t> enqueued_{0};        // accepted so far; written under mu_
-  std::uint64_t wake_at_enqueued_ = 1;
-  BatchTime wake_if_deadline_before_ = BatchTime::min();
+  std::size_t slot_block_ = 1;
+  // Free places in the queue, not yet claimed by a shard: shards take them a block at a
+  // time, the leader gives back those of requests it takes off the queue.
+  alignas(64) std::atomic<std::int64_t> free_slots_{0};
+  std::atomic<std::uint64_t> dirty_shards_{0};  // bit i: shard i has something incoming
+  std::atomic<std::uint64_t> dequeued_{0};      // taken off the queue; written by the leader
+  // The leader's sleep, under mu_ (the flags are read without it, to skip the lock).
+  alignas(64) mutable std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::atomic<bool> leader_sleeping_{false};
+  std::atomic<bool> cancel_pending_{false};
+  std::atomic<std::uint64_t> sleep_arrivals_{0};        // requests queued while it sleeps
+  std::atomic<std::uint64_t> wake_after_arrivals_{1};
+  std::atomic<typename BatchTime::rep> wake_if_deadline_before_{BatchTime::min().time_since_epoch().count()};
   BatchTime drain_deadline_ = BatchTime::max();
-  bool leader_sleeping_ = false;
-  bool cancel_pending_ = false;
   std::atomic<bool> closing_{false};
-  std::atomic<std::uint64_t> dequeued_{0};  // taken off the queue; written by the leader
 
   // The leader's, under lead_mu_.
   std::mutex lead_mu_;
   Staged staged_;
   std::vector<std::pair<std::size_t, std::vector<std::vector<Entry>>>> ingest_;
-  std::vector<std::vector<std::vector<Entry>>> spare_chains_;  // one per sub-queue
+  std::vector<std::vector<std::vector<Entry>>> spare_chains_;  // one per (shard, sub-queue)
   std::vector<View> views_;
   std::uint64_t dequeued_local_ = 0;
+  std::uint64_t ingested_ = 0;  // requests taken from the shards since construction
+  std::uint64_t dequeued_published_ = 0;
   bool finished_ = false;
   std::uint64_t rate_count_ = 0;
   BatchTime last_rate_sample_{};

@@ -72,11 +72,13 @@ class StagedQueue {
     return bucket * lanes_ + lane;
   }
 
-  // Moves the emptied chunk vectors (capacity kept) to the back of out, for submitters
-  // to fill again. Allocates only if out must grow.
-  void give_back_chunks(std::vector<std::vector<Entry>>& out) {
-    for (auto& v : pool_) out.push_back(std::move(v));
-    pool_.clear();
+  // Moves emptied chunk vectors (capacity kept) to the back of out, for submitters to
+  // fill again, as many as out has room for; never allocates. The rest wait here.
+  void give_back_chunks(std::vector<std::vector<Entry>>& out) noexcept {
+    while (!pool_.empty() && out.size() < out.capacity()) {
+      out.push_back(std::move(pool_.back()));
+      pool_.pop_back();
+    }
   }
 
   // Appends a chunk of entries (all of this sub-queue) in arrival order. Allocates a
