@@ -472,6 +472,35 @@ TEST_CASE("Pipeline (manual): threads on different shards share one capacity; ea
   CHECK(s.count(RejectReason::queue_full) == threads * per - 1000);
 }
 
+TEST_CASE("Pipeline (manual): threads sharing a shard keep their order too") {
+  ManualClock clock;
+  std::vector<int> order;
+  ManualPipeline<>::Config cfg;
+  cfg.queue_capacity = 1 << 16;
+  cfg.submit_shards = 2;  // 8 threads: every shard is shared
+  ManualPipeline<> p(
+      [&](std::span<const int> in, std::span<int>, HostLane&) { order.insert(order.end(), in.begin(), in.end()); },
+      FixedWindow{64, 1ms}, cfg, clock);
+  constexpr int threads = 8;
+  constexpr int per = 500;
+  std::vector<std::thread> producers;
+  for (int t = 0; t < threads; ++t) {
+    producers.emplace_back([&, t] {
+      for (int i = 0; i < per; ++i) p.submit(t * per + i, [](Outcome<int>&&) {});
+    });
+  }
+  for (auto& th : producers) th.join();
+  clock.advance(1ms);
+  while (p.poll().batches > 0) {
+  }
+  REQUIRE(order.size() == std::size_t{threads * per});
+  std::vector<int> last(threads, -1);
+  for (int x : order) {
+    CHECK(x > last[static_cast<std::size_t>(x / per)]);
+    last[static_cast<std::size_t>(x / per)] = x;
+  }
+}
+
 TEST_CASE("Pipeline (manual): with a large capacity, shards hold back less than 1/16 of it") {
   ManualClock clock;
   ManualPipeline<>::Config cfg;

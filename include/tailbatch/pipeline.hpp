@@ -96,10 +96,11 @@ struct PipelineConfig {
   // latency. Costs at most this much processor time per window that closes by time.
   // Zero: plain timed sleep.
   std::chrono::nanoseconds dispatch_spin = std::chrono::microseconds(100);
-  // Submitters append to one of this many separately locked queues, chosen by thread (a
-  // thread keeps to one, so its requests stay in order), which the batch leader merges.
-  // More of them: less contention between threads that submit at the same moment. 0:
-  // automatic, 4 per hardware thread, from 16 to 64. At most 64.
+  // Submitters append to one of this many separately locked queues, which the batch
+  // leader merges. A thread claims one of its own on its first submit while any is free
+  // near its id's hash, else shares that one; either way it keeps to one, so its requests
+  // stay in order. More of them: less contention between threads that submit at the
+  // same moment. 0: automatic, 4 per hardware thread, from 16 to 64. At most 64.
   std::size_t submit_shards = 0;
   // A request's cost (its length in tokens); required by policies that read it
   // (TokenBudget), unused otherwise. Called once per submit; must be thread-safe.
@@ -508,6 +509,7 @@ class Pipeline {
   };
 
   static constexpr std::size_t max_shards = 64;  // one bit each in dirty_shards_
+  static constexpr std::size_t shard_probe = 8;  // shards a thread may claim: home and the next 7
   static constexpr std::size_t max_capacity = std::size_t{1} << 62;  // fits free_slots_
 
   // One of the queues submitters append to. Everything in it is under its mu.
@@ -538,6 +540,7 @@ class Pipeline {
     validate();
     shard_count_ = config_.submit_shards != 0 ? config_.submit_shards : auto_shard_count();
     shards_ = std::make_unique<Shard[]>(shard_count_);
+    shard_owner_ = std::make_unique<std::atomic<std::uint64_t>[]>(shard_count_);
     free_slots_.store(static_cast<std::int64_t>(std::min<std::size_t>(config_.queue_capacity, max_capacity)),
                       std::memory_order_relaxed);
     // A shard claims up to this many places at once; all shards together then hold back
@@ -807,12 +810,21 @@ class Pipeline {
     }
   }
 
-  // The submit shard of the calling thread: a hash of its id, so a thread keeps to one.
-  [[nodiscard]] std::size_t shard_of_this_thread() const noexcept {
+  // The submit shard of the calling thread. On its first submit a thread claims a free
+  // shard near the one its id hashes to (one of shard_probe); once those are all
+  // claimed it shares that one. Either way a thread keeps to one shard.
+  [[nodiscard]] std::size_t shard_of_this_thread() noexcept {
     if (shard_count_ == 1) return 0;
-    const std::uint64_t h = std::hash<std::thread::id>{}(std::this_thread::get_id());
-    const std::uint64_t mixed = (h ^ (h >> 29)) * 0x9E3779B97F4A7C15ULL;  // spread the bits
-    return static_cast<std::size_t>(((mixed >> 32) * shard_count_) >> 32);
+    const std::uint64_t key = std::hash<std::thread::id>{}(std::this_thread::get_id()) | 1;  // never 0: free
+    const std::uint64_t mixed = (key ^ (key >> 29)) * 0x9E3779B97F4A7C15ULL;  // spread the bits
+    const auto home = static_cast<std::size_t>(((mixed >> 32) * shard_count_) >> 32);
+    const std::size_t probes = std::min(shard_probe, shard_count_);
+    for (std::size_t j = 0, i = home; j < probes; ++j, i = i + 1 == shard_count_ ? 0 : i + 1) {
+      std::uint64_t owner = shard_owner_[i].load(std::memory_order_relaxed);
+      if (owner == key) return i;
+      if (owner == 0 && shard_owner_[i].compare_exchange_strong(owner, key, std::memory_order_relaxed)) return i;
+    }
+    return home;
   }
 
   // Moves up to slot_block_ places from the shared pool to the shard. Under shard.mu.
@@ -847,10 +859,14 @@ class Pipeline {
   }
 
   // The time the current drain rate needs to empty the queue as it stands.
+  // The depth is the places not in the pool (one load, for a fast refusal): the queue,
+  // plus the few places shards have claimed and not used yet.
   std::chrono::nanoseconds retry_after_hint() const noexcept {
     const double rate = drain_rate_.load(std::memory_order_relaxed);
     if (rate <= 0.0) return std::chrono::nanoseconds{0};
-    const double depth = static_cast<double>(std::max<std::size_t>(1, queued_approx()));
+    const auto capacity = static_cast<std::int64_t>(std::min<std::size_t>(config_.queue_capacity, max_capacity));
+    const std::int64_t in_use = capacity - std::max<std::int64_t>(0, free_slots_.load(std::memory_order_relaxed));
+    const double depth = static_cast<double>(std::max<std::int64_t>(1, in_use));
     const double seconds = std::min(depth / rate, 60.0);
     return std::chrono::nanoseconds(std::llround(seconds * 1e9));
   }
@@ -1512,6 +1528,7 @@ class Pipeline {
 
   // Where submitters queue: shards, each under its own lock, merged by the leader.
   std::unique_ptr<Shard[]> shards_;
+  std::unique_ptr<std::atomic<std::uint64_t>[]> shard_owner_;  // per shard: its thread's id hash, or 0
   std::size_t shard_count_ = 1;
   std::size_t chunk_entries_ = 256;
   std::size_t slot_block_ = 1;

@@ -126,8 +126,9 @@ class Completion {
   };
 
   // Pointer-aligned, so that the whole is 32 bytes (a promise fits; so does a lambda
-  // holding a pointer and an id or a shared_ptr).
-  alignas(void*) unsigned char buf_[inline_size];
+  // holding a pointer and an id or a shared_ptr). Zeroed: the bytes a small callable
+  // leaves unwritten are copied too.
+  alignas(void*) unsigned char buf_[inline_size]{};
   const Ops* ops_ = nullptr;
 };
 
