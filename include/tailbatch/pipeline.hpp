@@ -1110,14 +1110,19 @@ class Pipeline {
     Shard& shard = shards_[i];
     detail::lock_spinning(shard.mu);
     std::lock_guard lock(shard.mu, std::adopt_lock);
+    std::size_t taken = 0;
     for (const std::uint32_t s : shard.dirty) {
       for (const std::vector<Entry>& chunk : shard.incoming[s]) ingested_ += chunk.size();
+      taken += shard.incoming[s].size();
       ingest_.emplace_back(s, std::move(shard.incoming[s]));  // within the reserved capacity
       shard.incoming[s] = std::move(spare_chains_.back());  // an empty chain with capacity
       spare_chains_.pop_back();
     }
     shard.dirty.clear();
-    staged_.give_back_chunks(shard.free_chunks);  // up to its capacity: never allocates
+    // As many recycled chunks as were taken, and one more, up to the free list's
+    // capacity (never allocates): the lock is held for a few moves, whatever the pool
+    // holds.
+    staged_.give_back_chunks(shard.free_chunks, taken + 1);
   }
 
   // Makes what the leader took off the queue visible to submitters' capacity check.

@@ -72,10 +72,11 @@ class StagedQueue {
     return bucket * lanes_ + lane;
   }
 
-  // Moves emptied chunk vectors (capacity kept) to the back of out, for submitters to
-  // fill again, as many as out has room for; never allocates. The rest wait here.
-  void give_back_chunks(std::vector<std::vector<Entry>>& out) noexcept {
-    while (!pool_.empty() && out.size() < out.capacity()) {
+  // Moves up to `most` emptied chunk vectors (capacity kept) to the back of out, for
+  // submitters to fill again, as many as out has room for; never allocates. The rest
+  // wait here.
+  void give_back_chunks(std::vector<std::vector<Entry>>& out, std::size_t most) noexcept {
+    for (; most > 0 && !pool_.empty() && out.size() < out.capacity(); --most) {
       out.push_back(std::move(pool_.back()));
       pool_.pop_back();
     }
