@@ -16,7 +16,9 @@
 // Threads. With SteadyClock the Pipeline owns its worker threads (by default one per lane
 // slot) and nothing else starts any: the workers take turns leading batch formation (the
 // leader waits on a condition variable until the policy closes a batch), then run the
-// batch they formed on the lane they leased and deliver its completions. With any other
+// batch they formed on the lane they leased and deliver its completions. On Linux each
+// worker sets its own timer slack to 1 ns, so that its timed sleeps end on time. Submitters
+// append to per-thread submit shards and never wait for the leader. With any other
 // clock (ManualClock), or with workers = 0, the Pipeline starts no thread at all: the
 // caller steps it with poll(), which forms and runs every batch due at the clock's current
 // time in the calling thread. See docs/pipeline.md.
@@ -45,6 +47,10 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
 
 #include <tailbatch/admission.hpp>
 #include <tailbatch/batch_window.hpp>
@@ -961,6 +967,11 @@ class Pipeline {
   // ---- batch formation (under lead_mu_) -----------------------------------------------
 
   void worker_main() noexcept {
+#if defined(__linux__)
+    // This thread's timed sleeps end on time rather than up to 50 us late (the default
+    // slack lets the kernel batch wake-ups): a window's close depends on them.
+    ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+#endif
     Batch batch;
 #if TAILBATCH_HAS_EXCEPTIONS
     try {
