@@ -2,7 +2,9 @@
 // same run:
 //   BM_Pipeline_NoopModel      4 producers submit with callback completion into a
 //                              Pipeline (FixedWindow max_batch 32, one host lane), a model
-//                              that does nothing; items_per_second in real time.
+//                              that does nothing; items_per_second in real time, and
+//                              queued_at_end: requests still queued when the producers
+//                              had submitted all (mean over rounds).
 //   BM_Pipeline_NoopModel_Options   the same, every request with a deadline and a
 //                              priority (the three take turns).
 //   BM_Pipeline_NoopModel_Futures   the same with a future per request instead of a
@@ -74,13 +76,17 @@ void BM_Pipeline_NoopModel(benchmark::State& state) {
   Done done;
   Pipeline<int, int> p([](std::span<const int>, std::span<int>, HostLane&) {}, FixedWindow{kMaxBatch, 50us},
                        {.queue_capacity = 1 << 20});
+  double queued_at_end = 0;  // summed over timed rounds: how far the producers got ahead
   auto round = [&] {
     done.count.store(0);
     run_producers([&](int x) { p.submit(x, [&done](Outcome<int>&&) noexcept { done.arrive(); }); });
+    const auto queued = static_cast<double>(p.queued_approx());
     done.wait_all();
+    return queued;
   };
   for (int i = 0; i < 3; ++i) round();  // warm-up, untimed: every batcher here is measured in its steady state
-  for (auto _ : state) round();
+  for (auto _ : state) queued_at_end += round();
+  state.counters["queued_at_end"] = queued_at_end / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
   p.shutdown();  // stats are exact once shut down
   const PipelineStats s = p.stats();
   if (s.count(Status::ok) != s.submitted) state.SkipWithError("some requests did not complete ok");
