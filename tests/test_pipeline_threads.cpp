@@ -3,6 +3,8 @@
 // long anything takes; every wait is bounded so that a bug fails rather than hangs.
 #include <tailbatch/pipeline.hpp>
 
+#include <algorithm>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -151,6 +153,47 @@ TEST_CASE("Pipeline (threads): a lone request leaves when its window closes") {
   REQUIRE(fut.wait_for(bounded) == std::future_status::ready);
   CHECK(fut.get().value() == 42);
   CHECK(p.stats().count(DispatchReason::window) == 1);
+}
+
+TEST_CASE("Pipeline (threads): recorded latencies agree with the caller's own timing") {
+  // Arrival times may come from the cycle counter, converted by the leader: whatever the
+  // source, the Pipeline's end-to-end time for a request lies within the span the caller
+  // saw (from before submit to the callback), give or take the conversion (generous 1 ms
+  // against 20 ms windows; a rate off by 5 % would show).
+  MetricsRegistry reg;
+  Pipeline<int, int>::Config cfg;
+  cfg.metrics = &reg;
+  Pipeline<int, int> p([](std::span<const int>, std::span<int>, HostLane&) {}, FixedWindow{64, 20ms}, cfg);
+  auto& e2e = reg.histogram("tailbatch_pipeline_end_to_end_seconds", "x", {});
+  SteadyClock clock;
+  std::chrono::nanoseconds seen_min = std::chrono::nanoseconds::max();
+  std::chrono::nanoseconds seen_max{0};
+  for (int i = 0; i < 8; ++i) {  // the first three give the leader time to calibrate
+    std::promise<BatchTime> done;
+    auto when = done.get_future();
+    const BatchTime before = clock.now();
+    p.submit(i, [&](Outcome<int>&&) noexcept { done.set_value(SteadyClock{}.now()); });
+    REQUIRE(when.wait_for(bounded) == std::future_status::ready);
+    const auto seen = when.get() - before;
+    // The worker records the request's latency just after its callback returns.
+    const std::uint64_t recorded = i >= 3 ? static_cast<std::uint64_t>(i - 2) : static_cast<std::uint64_t>(i + 1);
+    for (auto give_up = clock.now() + bounded; e2e.snapshot().count() < recorded && clock.now() < give_up;) {
+      std::this_thread::sleep_for(100us);
+    }
+    if (i >= 3) {
+      seen_min = std::min<std::chrono::nanoseconds>(seen_min, seen);
+      seen_max = std::max<std::chrono::nanoseconds>(seen_max, seen);
+    }
+    if (i == 2) e2e.reset();
+  }
+  const HistogramSnapshot s = e2e.snapshot();
+  REQUIRE(s.count() == 5);
+  INFO("recorded " << s.min().count() << "-" << s.max().count() << " ns, seen " << seen_min.count() << "-"
+                   << seen_max.count() << " ns");
+  const auto slack = 1ms * tailbatch::test::sanitizer_slowdown;  // a sanitized run delivers late
+  CHECK(s.min() >= 20ms);  // the window opens at the arrival
+  CHECK(s.max() <= seen_max + slack);
+  CHECK(s.min() + slack >= seen_min - seen_min / 50);  // the histogram rounds down by up to 1 %
 }
 
 TEST_CASE("Pipeline (threads): cancelling a queued request completes it promptly") {

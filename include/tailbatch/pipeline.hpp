@@ -55,6 +55,7 @@
 #include <tailbatch/admission.hpp>
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/clock.hpp>
+#include <tailbatch/detail/cycle_stamp.hpp>
 #include <tailbatch/detail/pipeline_completion.hpp>
 #include <tailbatch/detail/queue_staging.hpp>
 #include <tailbatch/detail/throw.hpp>
@@ -515,6 +516,9 @@ class Pipeline {
   };
 
   static constexpr std::size_t max_shards = 64;  // one bit each in dirty_shards_
+  // Arrival stamps from the cycle counter: with the real-time clock only (a test's
+  // ManualClock is read as it is).
+  static constexpr bool cycle_stamps = detail::is_real_time_clock<C> && detail::has_cycle_counter;
   static constexpr std::size_t shard_probe = 8;  // shards a thread may claim: home and the next 7
   static constexpr std::size_t max_capacity = std::size_t{1} << 62;  // fits free_slots_
 
@@ -568,6 +572,9 @@ class Pipeline {
     reserve(manual_batch_);
     if (config_.metrics != nullptr) register_metrics(*config_.metrics);
     last_rate_sample_ = clock_.now();
+    if constexpr (cycle_stamps) {
+      if (detail::cycle_counter_is_constant()) calibration_.start(last_rate_sample_, detail::read_cycle_counter());
+    }
     std::size_t n = 0;
     if constexpr (detail::is_real_time_clock<C>) {
       n = config_.workers.value_or(lanes_->size() * lanes_->lane_capacity());
@@ -656,7 +663,17 @@ class Pipeline {
   // ---- submit side -------------------------------------------------------------------
 
   void enqueue(Req&& req, const SubmitOptions& options, detail::Completion<Resp>&& done) noexcept {
-    const BatchTime now = clock_.now();
+    // The arrival: the clock's time, or (no deadline to check, counter calibrated) the
+    // cycle counter, which the leader converts when it takes the request.
+    BatchTime now{};
+    const bool timed = options.timeout > std::chrono::nanoseconds::zero() || options.deadline != BatchTime::max();
+    if constexpr (cycle_stamps) {
+      if (!timed && stamp_cycles_.load(std::memory_order_relaxed)) {
+        const std::uint64_t cycles = detail::read_cycle_counter();
+        if (cycles < detail::max_stamp_cycles) now = detail::cycles_as_stamp(cycles);
+      }
+    }
+    if (now == BatchTime{}) now = clock_.now();
     BatchTime deadline = options.deadline;
     if (options.timeout > std::chrono::nanoseconds::zero()) {
       deadline = std::min(deadline, detail::saturating_add(now, options.timeout));
@@ -926,7 +943,9 @@ class Pipeline {
     hook.reset();
     const Status s = e.status;
     count_inline(s, e.reason);
-    admission_->release(std::move(ticket), s, elapsed(arrival, clock_.now()));
+    const BatchTime end = clock_.now();
+    if (detail::stamp_is_cycles(arrival)) arrival = end;  // refused at once: no time spent
+    admission_->release(std::move(ticket), s, elapsed(arrival, end));
     deliver(done, Outcome<Resp>(std::move(e)));
   }
 
@@ -1051,8 +1070,16 @@ class Pipeline {
       std::uint64_t take = dirty_shards_.exchange(0, std::memory_order_relaxed);
       if (closing) take = shard_count_ == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << shard_count_) - 1;
       for (; take != 0; take &= take - 1) take_shard(static_cast<std::size_t>(std::countr_zero(take)));
-      stage_ingested();
       const BatchTime now = clock_.now();
+      std::uint64_t cycles = 0;
+      if constexpr (cycle_stamps) {
+        cycles = detail::read_cycle_counter();
+        const bool usable = calibration_.update(now, cycles);
+        if (usable != stamp_cycles_.load(std::memory_order_relaxed)) {
+          stamp_cycles_.store(usable, std::memory_order_relaxed);
+        }
+      }
+      stage_ingested(now, cycles);
       if (cancels) purge_cancelled(now);
       if (closing && now >= drain_deadline) {
         reject_all_staged();
@@ -1145,15 +1172,23 @@ class Pipeline {
     dequeued_published_ = dequeued_local_;
   }
 
-  void stage_ingested() noexcept {
+  // Stages what take_shard took. (now, cycles): a reading of the clock and the counter
+  // taken after it, to convert counter stamps with.
+  void stage_ingested(BatchTime now, [[maybe_unused]] std::uint64_t cycles) noexcept {
     for (auto& [s, chain] : ingest_) {
       for (std::vector<Entry>& chunk : chain) {
+        if constexpr (cycle_stamps) {
+          for (Entry& e : chunk) {
+            if (detail::stamp_is_cycles(e.meta.arrival)) {
+              e.meta.arrival = calibration_.to_time(detail::stamp_cycles(e.meta.arrival), now, cycles);
+            }
+          }
+        }
 #if TAILBATCH_HAS_EXCEPTIONS
         try {
           staged_.add_chunk(s, chunk);
         } catch (...) {
           // Out of memory while staging: these requests fail rather than vanish.
-          const BatchTime now = clock_.now();
           for (Entry& e : chunk) {
             ++dequeued_local_;
             complete_entry(e, Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}}, now);
@@ -1563,6 +1598,7 @@ class Pipeline {
   std::atomic<typename BatchTime::rep> wake_if_deadline_before_{BatchTime::min().time_since_epoch().count()};
   BatchTime drain_deadline_ = BatchTime::max();
   std::atomic<bool> closing_{false};
+  std::atomic<bool> stamp_cycles_{false};  // submitters may stamp arrivals with the counter
 
   // The leader's, under lead_mu_.
   std::mutex lead_mu_;
@@ -1572,6 +1608,7 @@ class Pipeline {
   std::vector<View> views_;
   std::uint64_t dequeued_local_ = 0;
   std::uint64_t ingested_ = 0;  // requests taken from the shards since construction
+  detail::CycleCalibration calibration_;  // the cycle counter's rate, for arrival stamps
   std::uint64_t dequeued_published_ = 0;
   bool finished_ = false;
   std::uint64_t rate_count_ = 0;
