@@ -63,6 +63,19 @@ TEST_CASE("CycleCalibration: gives up for good on a counter that runs backwards 
   }
 }
 
+TEST_CASE("CycleCalibration: a reading taken across an interruption changes nothing") {
+  CycleCalibration cal;
+  cal.start(t0, 1000, 100);  // the clock read took 100 ticks
+  CHECK(cal.good_spread() == 4 * 100 + 64);
+  // Interrupted between the two reads: ignored, even though it spans 20 ms.
+  CHECK_FALSE(cal.update(t0 + 20ms, 1000 + 40'000'000, 100'000));
+  CHECK_FALSE(cal.usable());
+  CHECK_FALSE(cal.failed());
+  CHECK(cal.update(t0 + 21ms, 1000 + 42'000'000, 80));
+  CHECK(cal.ns_per_cycle() == Approx(0.5));
+  CHECK(cal.good_spread() == 4 * 80 + 64);  // the tightest reading sets the allowance
+}
+
 TEST_CASE("Cycle stamps: a stamp holds a counter value or a time, never confused") {
   const BatchTime s = detail::cycles_as_stamp(123456789);
   CHECK(detail::stamp_is_cycles(s));
@@ -80,17 +93,20 @@ TEST_CASE("Cycle stamps: this machine's counter agrees with its steady clock") {
   }
   SteadyClock clock;
   CycleCalibration cal;
-  cal.start(clock.now(), detail::read_cycle_counter());
+  const detail::ClockAndCycles a = detail::read_clock_and_cycles(clock, 0);
+  cal.start(a.time, a.cycles, a.spread);
   std::this_thread::sleep_for(30ms);
-  REQUIRE(cal.update(clock.now(), detail::read_cycle_counter()));
-  // A stamp taken now, converted 5 ms later, lands within 100 us of the clock's reading
-  // (the two readings are not simultaneous; a preempted thread widens the gap).
-  const BatchTime t1 = clock.now();
-  const std::uint64_t c1 = detail::read_cycle_counter();
+  detail::ClockAndCycles b{};
+  for (int i = 0; i < 100 && !cal.usable(); ++i) {  // until a reading is simultaneous enough
+    b = detail::read_clock_and_cycles(clock, cal.good_spread());
+    cal.update(b.time, b.cycles, b.spread);
+  }
+  REQUIRE(cal.usable());
+  // A stamp taken now, converted 5 ms later, lands within 100 us of the clock's reading.
+  const detail::ClockAndCycles r1 = detail::read_clock_and_cycles(clock, cal.good_spread());
   std::this_thread::sleep_for(5ms);
-  const std::uint64_t c2 = detail::read_cycle_counter();
-  const BatchTime t2 = clock.now();
-  const auto error = cal.to_time(c1, t2, c2) - t1;
+  const detail::ClockAndCycles r2 = detail::read_clock_and_cycles(clock, cal.good_spread());
+  const auto error = cal.to_time(r1.cycles, r2.time, r2.cycles) - r1.time;
   const double error_us = static_cast<double>(error.count()) / 1000.0;
   INFO("conversion error " << error_us << " us");
   CHECK(std::chrono::abs(error) < 100us);

@@ -18,7 +18,9 @@
 // leader waits on a condition variable until the policy closes a batch), then run the
 // batch they formed on the lane they leased and deliver its completions. On Linux each
 // worker sets its own timer slack to 1 ns, so that its timed sleeps end on time. Submitters
-// append to per-thread submit shards and never wait for the leader. With any other
+// append to per-thread submit shards and never wait for the leader; a request without a
+// deadline may be stamped with the cycle counter, which the leader converts to clock time
+// (detail/cycle_stamp.hpp). With any other
 // clock (ManualClock), or with workers = 0, the Pipeline starts no thread at all: the
 // caller steps it with poll(), which forms and runs every batch due at the clock's current
 // time in the calling thread. See docs/pipeline.md.
@@ -573,7 +575,11 @@ class Pipeline {
     if (config_.metrics != nullptr) register_metrics(*config_.metrics);
     last_rate_sample_ = clock_.now();
     if constexpr (cycle_stamps) {
-      if (detail::cycle_counter_is_constant()) calibration_.start(last_rate_sample_, detail::read_cycle_counter());
+      if (detail::cycle_counter_is_constant()) {
+        // Three readings, the tightest kept (the allowance before any is known is generous).
+        const detail::ClockAndCycles r = detail::read_clock_and_cycles(clock_, 0);
+        calibration_.start(r.time, r.cycles, r.spread);
+      }
     }
     std::size_t n = 0;
     if constexpr (detail::is_real_time_clock<C>) {
@@ -1070,14 +1076,18 @@ class Pipeline {
       std::uint64_t take = dirty_shards_.exchange(0, std::memory_order_relaxed);
       if (closing) take = shard_count_ == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << shard_count_) - 1;
       for (; take != 0; take &= take - 1) take_shard(static_cast<std::size_t>(std::countr_zero(take)));
-      const BatchTime now = clock_.now();
+      BatchTime now{};
       std::uint64_t cycles = 0;
       if constexpr (cycle_stamps) {
-        cycles = detail::read_cycle_counter();
-        const bool usable = calibration_.update(now, cycles);
+        const detail::ClockAndCycles r = detail::read_clock_and_cycles(clock_, calibration_.good_spread());
+        now = r.time;
+        cycles = r.cycles;
+        const bool usable = calibration_.update(r.time, r.cycles, r.spread);
         if (usable != stamp_cycles_.load(std::memory_order_relaxed)) {
           stamp_cycles_.store(usable, std::memory_order_relaxed);
         }
+      } else {
+        now = clock_.now();
       }
       stage_ingested(now, cycles);
       if (cancels) purge_cancelled(now);

@@ -10,6 +10,7 @@
 // submitters read the clock. No state outside the object that uses it.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 
@@ -78,16 +79,25 @@ class CycleCalibration {
   static constexpr BatchDuration refine_every = std::chrono::seconds(1);
   static constexpr double max_drift = 0.005;
 
-  void start(BatchTime t, std::uint64_t cycles) noexcept {
+  // The first reading of both. `spread`: how far the counter moved across the clock read
+  // (see read_clock_and_cycles); the smallest seen sets what counts as simultaneous.
+  void start(BatchTime t, std::uint64_t cycles, std::uint64_t spread = 0) noexcept {
     t0_ = t;
     c0_ = cycles;
+    min_spread_ = spread;
     started_ = true;
   }
 
-  // Takes a reading of both (clock first or last, as long as they are close). Returns
+  // The spread below which a reading counts as simultaneous.
+  [[nodiscard]] std::uint64_t good_spread() const noexcept { return 4 * min_spread_ + 64; }
+
+  // Takes a reading of both. A reading that was not simultaneous (spread above
+  // good_spread(): the thread was interrupted between them) changes nothing. Returns
   // whether stamps may be converted.
-  bool update(BatchTime t, std::uint64_t cycles) noexcept {
+  bool update(BatchTime t, std::uint64_t cycles, std::uint64_t spread = 0) noexcept {
     if (failed_ || !started_) return false;
+    if (spread > good_spread()) return usable();
+    min_spread_ = std::min(min_spread_, spread);
     if (cycles <= c0_ || t <= t0_) {
       if (cycles < c0_ || t < t0_) failed_ = true;
       return usable();
@@ -130,10 +140,35 @@ class CycleCalibration {
   BatchTime t0_{};
   std::uint64_t c0_ = 0;
   BatchTime checked_{};
+  std::uint64_t min_spread_ = 0;
   double ns_per_cycle_ = 0.0;
   bool started_ = false;
   bool usable_ = false;
   bool failed_ = false;
 };
+
+// A reading of a clock and of the counter at the same moment, as nearly as can be: the
+// counter is read before and after the clock and the midpoint kept; `spread` is how far
+// it moved in between. Up to three tries, until the spread is at most `good_spread`; the
+// tightest is kept.
+struct ClockAndCycles {
+  BatchTime time{};
+  std::uint64_t cycles = 0;
+  std::uint64_t spread = 0;
+};
+
+template <class Clock>
+ClockAndCycles read_clock_and_cycles(const Clock& clock, std::uint64_t good_spread) noexcept {
+  ClockAndCycles best{};
+  for (int i = 0; i < 3; ++i) {
+    const std::uint64_t before = read_cycle_counter();
+    const BatchTime t = clock.now();
+    const std::uint64_t after = read_cycle_counter();
+    const std::uint64_t spread = after >= before ? after - before : 0;
+    if (i == 0 || spread < best.spread) best = ClockAndCycles{t, before + spread / 2, spread};
+    if (spread <= good_spread) break;
+  }
+  return best;
+}
 
 }  // namespace tailbatch::detail
