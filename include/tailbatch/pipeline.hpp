@@ -1070,7 +1070,10 @@ class Pipeline {
         std::lock_guard lock(mu_);
         drain_deadline = drain_deadline_;
       }
-      cancels = cancel_pending_.exchange(false, std::memory_order_seq_cst);
+      // Looked at before it is cleared: the flag shares a cache line with what every
+      // submit reads, and a write per turn would take that line from them. (A flag set
+      // just after this look is seen before the leader sleeps.)
+      cancels = cancel_pending_.load(std::memory_order_relaxed) && cancel_pending_.exchange(false, std::memory_order_seq_cst);
       // Once closing, every shard: a submitter that saw closing_ false under a shard's
       // lock has queued by the time this takes that lock.
       std::uint64_t take = dirty_shards_.exchange(0, std::memory_order_relaxed);
