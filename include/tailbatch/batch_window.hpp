@@ -104,6 +104,10 @@ struct BatchView {
   BatchTime now{};
   // True while the Pipeline drains for shutdown: dispatch what fits now, never wait.
   bool flush = false;
+  // Lane slots free to run a batch at this moment, and lane slots in all. A policy may
+  // close early when a slot is idle and waiting would not pay, or wait while none is.
+  std::size_t idle_lanes = 1;
+  std::size_t lanes = 1;
 };
 
 // A policy's answer.
@@ -159,6 +163,7 @@ struct BatchDecision {
 //                          one bucket, and each bucket is decided on separately.
 //   P::uses_cost           a static constexpr bool: true when the policy reads
 //                          BatchCandidate::cost, so the Pipeline needs a cost function.
+//   p.on_batch_executed(f) told how each executed batch went (BatchFeedbackPolicy).
 //
 // Policies are copied into the Pipeline; every member must be safe to call from several
 // threads at once (they are const and stateless).
@@ -180,6 +185,27 @@ concept BucketedBatchPolicy = BatchPolicy<P> && requires(const P& p, std::size_t
 template <class P>
 concept CostLimitedBatchPolicy = BatchPolicy<P> && requires(const P& p) {
   { p.max_cost() } noexcept -> std::same_as<std::size_t>;
+};
+
+// How one executed batch went: what a policy that learns (AdaptiveWindow) is told after
+// each model call.
+struct BatchFeedback {
+  std::size_t size = 0;         // requests in the batch
+  std::size_t padded_size = 0;  // the batch size the model was called with (>= size)
+  std::chrono::nanoseconds model_time{0};  // the model call's duration on its lane
+  std::size_t lane = 0;         // the lane it ran on
+  BatchTime started{};          // when the model call began
+  bool failed = false;          // the model call threw
+};
+
+// A policy that wants to know how each executed batch went. The Pipeline (and the
+// simulator) call p.on_batch_executed(f) once per executed batch, after the model call and
+// before the batch's completions; policies without the member pay nothing. It may be
+// called from several worker threads at once, concurrently with decide(): a policy that
+// learns keeps its state behind a thread-safe handle, so that copies share it.
+template <class P>
+concept BatchFeedbackPolicy = BatchPolicy<P> && requires(const P& p, const BatchFeedback& f) {
+  { p.on_batch_executed(f) } noexcept;
 };
 
 namespace detail {
