@@ -692,7 +692,7 @@ class ContinuousBatcher {
       for (auto& s : dropped) complete_dropped(s, stopping, admitted_at, report);
     };
 
-    // 3. Plan the step: decoding sequences one token each, then prompt chunks in
+    // 4. Plan the step: decoding sequences one token each, then prompt chunks in
     //    admission order within the step budget.
     std::size_t decoding = 0;
     for (auto& s : active_) {
@@ -725,7 +725,7 @@ class ContinuousBatcher {
       return report;
     }
 
-    // 4. Step.
+    // 5. Step.
     report.stepped = true;
     report.scheduled = scheduled;
     report.step_tokens = step_tokens;
@@ -743,7 +743,7 @@ class ContinuousBatcher {
     metrics_.record_step(step_end - step_start);
     report.failed = failure.has_value();
 
-    // 5. Retire what finished; everything else stays for the next step.
+    // 6. Retire what finished; everything else stays for the next step.
     for (std::size_t i = 0; i < scheduled; ++i) {
       Sequence& s = active_[i];
       s.prefilled_ += s.chunk_;
