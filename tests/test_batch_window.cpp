@@ -3,6 +3,7 @@
 #include <tailbatch/batch_window.hpp>
 
 #include <chrono>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -208,27 +209,8 @@ TEST_CASE("TokenBudget: bad configuration names the field") {
         "TokenBudget: bucket_bounds must be ascending and >= 1");
 }
 
-TEST_CASE("DeadlineAware: closes when waiting for one more request would miss the tightest deadline") {
-  // Cost: 10 ms for one, +2 ms per extra request. Window 20 ms.
-  DeadlineAware p({.max_batch = 8, .max_wait = 20ms, .cost_estimate = LinearCost{10ms, 2ms}, .margin = 1ms});
-  std::vector<BatchCandidate> c{
-      {t0, t0 + 50ms, 1, Priority::normal},
-      {t0, t0 + 30ms, 1, Priority::normal},
-  };
-  // Tightest deadline 30 ms; with 3 requests the batch takes 14 ms, margin 1 ms:
-  // latest start = 30 - 14 - 1 = 15 ms, before the window's 20 ms.
-  BatchDecision d = p.decide(view(c, t0 + 1ms));
-  CHECK(d.count == 0);
-  CHECK(d.decide_again_at == t0 + 15ms);
-  CHECK(d.decide_again_if_deadline_before > t0 + 15ms);
-  d = p.decide(view(c, t0 + 15ms));
-  CHECK(d.count == 2);
-  CHECK(d.reason == DispatchReason::deadline);
-  CHECK(p.estimate(3) == 14ms);
-}
-
 TEST_CASE("DeadlineAware: without deadlines it is a fixed window, and orders EDF") {
-  DeadlineAware p({.max_batch = 4, .max_wait = 5ms, .cost_estimate = LinearCost{1ms, 0ms}, .margin = 0ms});
+  DeadlineAware p({.max_batch = 4, .max_wait = 5ms, .margin = 0ms});
   CHECK(p.order() == BatchOrder::earliest_deadline);
   auto c = arrivals({0ms, 1ms});
   BatchDecision d = p.decide(view(c, t0 + 1ms));
@@ -241,14 +223,105 @@ TEST_CASE("DeadlineAware: without deadlines it is a fixed window, and orders EDF
 }
 
 TEST_CASE("DeadlineAware: bad configuration names the field") {
-  CHECK(invalid_argument_message([] { DeadlineAware({.max_batch = 4, .max_wait = 1ms, .cost_estimate = {}, .margin = 0ms}); }) ==
-        "DeadlineAware: cost_estimate must be set");
+  CHECK(invalid_argument_message([] { DeadlineAware({.max_batch = 4, .max_wait = -1ms, .margin = 0ms}); }) ==
+        "DeadlineAware: max_wait must be >= 0");
   CHECK(invalid_argument_message([] {
-          DeadlineAware({.max_batch = 0, .max_wait = 1ms, .cost_estimate = LinearCost{}, .margin = 0ms});
+          DeadlineAware({.max_batch = 0, .max_wait = 1ms, .margin = 0ms});
         }) == "DeadlineAware: max_batch must be >= 1");
   CHECK(invalid_argument_message([] {
-          DeadlineAware({.max_batch = 4, .max_wait = 1ms, .cost_estimate = LinearCost{}, .margin = -1ms});
+          DeadlineAware({.max_batch = 4, .max_wait = 1ms, .margin = -1ms});
         }) == "DeadlineAware: margin must be >= 0");
+}
+
+TEST_CASE("DeadlineAware: a deadline is a latest start: the batch closes so that it starts by it") {
+  // A deadline bounds when the batch starts, not when it completes: the close comes at the
+  // tightest deadline less the margin, not earlier by the batch's running time.
+  DeadlineAware p({.max_batch = 8, .max_wait = 50ms, .margin = 1ms});
+  std::vector<BatchCandidate> c{
+      {t0, t0 + 50ms, 1, Priority::normal},
+      {t0, t0 + 30ms, 1, Priority::normal},
+  };
+  BatchDecision d = p.decide(view(c, t0 + 1ms));
+  CHECK(d.count == 0);
+  CHECK(d.decide_again_at == t0 + 29ms);  // tightest deadline 30 ms, less the 1 ms margin
+  d = p.decide(view(c, t0 + 28ms));
+  CHECK(d.count == 0);
+  d = p.decide(view(c, t0 + 29ms));
+  CHECK(d.count == 2);
+  CHECK(d.reason == DispatchReason::deadline);
+}
+
+TEST_CASE("DeadlineAware: an urgent newcomer is one whose latest start comes before the wake-up") {
+  DeadlineAware p({.max_batch = 8, .max_wait = 20ms, .margin = 2ms});
+  std::vector<BatchCandidate> c{{t0, t0 + 100ms, 1, Priority::normal}};
+  BatchDecision d = p.decide(view(c, t0));
+  CHECK(d.decide_again_at == t0 + 20ms);                   // the window, before 100 - 2 ms
+  CHECK(d.decide_again_if_deadline_before == t0 + 22ms);   // deadline - margin < 20 ms
+  c.push_back({t0 + 1ms, t0 + 21ms, 1, Priority::normal});  // closes at 19 ms
+  d = p.decide(view(c, t0 + 1ms));
+  CHECK(d.decide_again_at == t0 + 19ms);
+  CHECK(d.decide_again_if_deadline_before == t0 + 21ms);
+  // A deadline already inside the margin goes at once; one that has passed is the
+  // Pipeline's to drop, but the policy still never waits on it.
+  c.push_back({t0 + 2ms, t0 + 3ms, 1, Priority::normal});
+  d = p.decide(view(c, t0 + 2ms));
+  CHECK(d.count == 3);
+  CHECK(d.reason == DispatchReason::deadline);
+}
+
+TEST_CASE("Policies bound max_batch and name the field") {
+  const std::size_t huge = static_cast<std::size_t>(-1);
+  const std::size_t big = std::size_t{1} << 40;
+  CHECK(max_batch_limit == 65536);
+  CHECK(invalid_argument_message([&] { FixedWindow(huge, 5ms); }) == "FixedWindow: max_batch must be <= 65536");
+  CHECK(invalid_argument_message([&] { FixedWindow(big, 5ms); }) == "FixedWindow: max_batch must be <= 65536");
+  CHECK(FixedWindow(max_batch_limit, 5ms).max_batch() == max_batch_limit);
+  CHECK(invalid_argument_message([&] { PreferredSizes({4, big}, 5ms); }) ==
+        "PreferredSizes: sizes must be <= 65536");
+  CHECK(invalid_argument_message([&] {
+          TokenBudget({.budget = 8, .max_batch = huge, .max_wait = 1ms, .bucket_bounds = {}});
+        }) == "TokenBudget: max_batch must be <= 65536");
+  CHECK(invalid_argument_message([&] {
+          DeadlineAware({.max_batch = big, .max_wait = 1ms, .margin = 0ms});
+        }) == "DeadlineAware: max_batch must be <= 65536");
+}
+
+TEST_CASE("TokenBudget: the padded cost saturates instead of overflowing") {
+  const std::size_t top = std::numeric_limits<std::size_t>::max();
+  {
+    // 2 x SIZE_MAX wraps to SIZE_MAX - 1 in size_t arithmetic, which would "fit".
+    TokenBudget p({.budget = top, .max_batch = 8, .max_wait = 5ms, .bucket_bounds = {}});
+    std::vector<BatchCandidate> c(3, BatchCandidate{t0, BatchTime::max(), top, Priority::normal});
+    const BatchDecision d = p.decide(view(c, t0));
+    CHECK(d.count == 1);
+    CHECK(d.reason == DispatchReason::token_budget);
+    CHECK(p.bucket_of(top) < p.bucket_count());
+    CHECK(p.max_cost() == top);
+    CHECK(TokenBudget::padded_cost(2, top) == top);  // saturates
+    CHECK(TokenBudget::padded_cost(top, top) == top);
+    CHECK(TokenBudget::padded_cost(3, 5) == 15);
+    CHECK(TokenBudget::padded_cost(0, top) == 0);
+  }
+  {
+    // 2 x 2^63 wraps to 0.
+    const std::size_t half = std::size_t{1} << (std::numeric_limits<std::size_t>::digits - 1);
+    TokenBudget p({.budget = half, .max_batch = 4, .max_wait = 5ms, .bucket_bounds = {}});
+    std::vector<BatchCandidate> c(2, BatchCandidate{t0, BatchTime::max(), half, Priority::normal});
+    const BatchDecision d = p.decide(view(c, t0));
+    CHECK(d.count == 1);
+    CHECK(d.reason == DispatchReason::token_budget);
+  }
+  {
+    // The largest batch at the largest budget: 65536 rows of SIZE_MAX / 65536 tokens fit.
+    const std::size_t len = top / max_batch_limit;
+    TokenBudget p({.budget = top, .max_batch = max_batch_limit, .max_wait = 5ms, .bucket_bounds = {}});
+    std::vector<BatchCandidate> c(max_batch_limit, BatchCandidate{t0, BatchTime::max(), len, Priority::normal});
+    const BatchDecision d = p.decide(view(c, t0));
+    CHECK(d.count == max_batch_limit);
+    CHECK(d.reason == DispatchReason::size);
+    c.back().cost = len + 1;  // 65536 x (len + 1) > SIZE_MAX
+    CHECK(p.decide(view(c, t0)).count == max_batch_limit - 1);
+  }
 }
 
 TEST_CASE("Reason and priority names are stable") {

@@ -301,28 +301,177 @@ TEST_CASE("a cancelled sequence leaves the active set within one step", "[contin
   b2.shutdown();
 }
 
-TEST_CASE("deadlines: expired while waiting never runs; expired while active is retired",
+TEST_CASE("deadlines: not admitted by its deadline never runs; active at its completion deadline is retired",
           "[continuous_batcher]") {
   Recorder rec;
   rec.step_time = 10ms;
   Batcher b(config(1), rec.fn(), rec.clock);
   auto r1 = req(0, 100);
-  r1.deadline = rec.clock.now() + 35ms;
+  r1.completion_deadline = rec.clock.now() + 35ms;
   auto s1 = b.submit(std::move(r1));
   auto r2 = req(0, 5);
-  r2.deadline = rec.clock.now() + 15ms;
+  r2.deadline = rec.clock.now() + 15ms;  // the one slot is s1's until 40 ms
   auto s2 = b.submit(std::move(r2));
   while (!s1->closed() || !s2->closed()) (void)b.step_once();
   CHECK(s2->end()->status == Status::deadline_exceeded);
   CHECK(s2->end()->tokens == 0);
+  CHECK(s2->end()->message.find("not admitted in time") != std::string::npos);
   CHECK(s1->end()->status == Status::deadline_exceeded);
   CHECK(s1->end()->tokens == 4);  // steps at 0, 10, 20, 30 ms; retired at 40 ms
+  CHECK(s1->end()->message.find("completion_deadline") != std::string::npos);
   CHECK(drain(*s1) == expected_tokens(1, 4));
 
   auto past = req(0, 1);
-  past.deadline = rec.clock.now();
+  past.deadline = rec.clock.now() - 1ns;
   auto s3 = b.submit(std::move(past));
+  REQUIRE(s3->end().has_value());
   CHECK(s3->end()->status == Status::deadline_exceeded);
+  auto over = req(0, 1);
+  over.completion_deadline = rec.clock.now();
+  auto s4 = b.submit(std::move(over));
+  REQUIRE(s4->end().has_value());
+  CHECK(s4->end()->status == Status::deadline_exceeded);
+  // A deadline of exactly now may still start now.
+  auto edge = req(0, 1);
+  edge.deadline = rec.clock.now();
+  auto s5 = b.submit(std::move(edge));
+  CHECK_FALSE(s5->closed());
+  (void)b.step_once();
+  REQUIRE(s5->end().has_value());
+  CHECK(s5->end()->status == Status::ok);
+}
+
+TEST_CASE("a completion deadline that passes while waiting drops the sequence", "[continuous_batcher]") {
+  Recorder rec;
+  rec.step_time = 10ms;
+  Batcher b(config(1), rec.fn(), rec.clock);
+  auto s1 = b.submit(req(0, 3));
+  auto r2 = req(0, 1);
+  r2.completion_deadline = rec.clock.now() + 15ms;  // the slot frees at 30 ms
+  auto s2 = b.submit(std::move(r2));
+  run_all(b);
+  CHECK(s1->end()->status == Status::ok);
+  CHECK(s2->end()->status == Status::deadline_exceeded);
+  CHECK(s2->end()->tokens == 0);
+  CHECK(s2->end()->message.find("completion_deadline") != std::string::npos);
+}
+
+TEST_CASE("timeout: positive bounds the deadline, negative is already expired, zero is none",
+          "[continuous_batcher]") {
+  Recorder rec;
+  rec.step_time = 10ms;
+  Batcher b(config(1), rec.fn(), rec.clock);
+  auto spent = req(0, 1);
+  spent.timeout = -1ns;  // a budget spent upstream
+  auto s_spent = b.submit(std::move(spent));
+  REQUIRE(s_spent->end().has_value());
+  CHECK(s_spent->end()->status == Status::deadline_exceeded);
+  CHECK(b.waiting_approx() == 0);
+
+  auto hog = b.submit(req(0, 3));  // holds the slot for 30 ms
+  auto tight = req(0, 1);
+  tight.timeout = 15ms;  // must be admitted by 15 ms
+  auto s_tight = b.submit(std::move(tight));
+  auto loose = req(0, 1);
+  loose.timeout = 0ns;  // none: waits as long as it takes
+  auto s_loose = b.submit(std::move(loose));
+  auto both = req(0, 1);
+  both.deadline = rec.clock.now() + 100ms;
+  both.timeout = 35ms;  // the earlier of the two wins: 35 ms
+  auto s_both = b.submit(std::move(both));
+  run_all(b);
+  CHECK(hog->end()->status == Status::ok);
+  CHECK(s_tight->end()->status == Status::deadline_exceeded);
+  CHECK(s_loose->end()->status == Status::ok);               // admitted at 30 ms
+  CHECK(s_both->end()->status == Status::deadline_exceeded);  // its turn came at 40 ms
+}
+
+TEST_CASE("a deadline is the latest admission: a sequence admitted in time runs to its end",
+          "[continuous_batcher]") {
+  Recorder rec;
+  rec.step_time = 10ms;
+  Batcher b(config(1), rec.fn(), rec.clock);
+  auto r = req(0, 5);
+  r.deadline = rec.clock.now() + 15ms;  // admitted at 0 ms; five 10 ms steps end at 50 ms
+  auto s = b.submit(std::move(r));
+  run_all(b);
+  REQUIRE(s->end().has_value());
+  CHECK(s->end()->status == Status::ok);
+  CHECK(drain(*s) == expected_tokens(1, 5));
+}
+
+TEST_CASE("admission reads the clock after the retirements' callbacks: never admitted late",
+          "[continuous_batcher]") {
+  Recorder rec;
+  rec.step_time = 1ms;
+  Batcher b(config(1), rec.fn(), rec.clock);
+  tailbatch::StreamCallbacks<int> slow_end;
+  slow_end.on_end = [&](const tailbatch::StreamEnd&) { rec.clock.advance(5ms); };  // user code
+  auto first = b.submit(req(0, 10), slow_end);
+  (void)b.step_once();  // first is active
+  auto r = req(0, 3);
+  r.deadline = rec.clock.now() + 3ms;
+  auto second = b.submit(std::move(r));
+  first->cancel();
+  (void)b.step_once();  // retires first (its on_end takes 5 ms), then looks at second
+  run_all(b);
+  REQUIRE(second->end().has_value());
+  CHECK(second->end()->status == Status::deadline_exceeded);
+  CHECK(second->end()->tokens == 0);
+  CHECK(rec.steps.size() == 1);  // only first's step ran
+}
+
+TEST_CASE("load: time-averaged in flight and throughput over a window feed the Little's-law check",
+          "[continuous_batcher]") {
+  Recorder rec;
+  rec.step_time = 10ms;
+  Batcher b(config(1), rec.fn(), rec.clock);
+  const auto t0 = rec.clock.now();
+  const auto start = b.stats_approx();
+  CHECK(start.in_flight_seconds == 0.0);
+  CHECK(start.departed == 0);
+  auto a = b.submit(req(0, 2));  // in flight 0-20 ms (two 10 ms steps)
+  auto c = b.submit(req(0, 1));  // waits 0-20 ms, runs 20-30 ms
+  auto rejected = b.submit(req(0, 1 << 30));  // too large: never in flight
+  REQUIRE(rejected->end().has_value());
+  (void)b.step_once();                              // 0 -> 10 ms
+  const auto mid = b.stats_approx();               // at 10 ms: 2 in flight so far
+  CHECK(mid.observed_at - start.observed_at == 10ms);
+  CHECK(mid.in_flight_seconds == Approx(0.020));
+  run_all(b);                                       // a leaves at 20 ms, c at 30 ms
+  rec.clock.advance(10ms);                          // nothing in flight 30-40 ms
+  const auto end = b.stats_approx();
+  CHECK(rec.clock.now() - t0 == 40ms);
+  CHECK(end.departed == 2);
+  CHECK(end.in_flight_seconds == Approx(2 * 0.020 + 1 * 0.010));
+  CHECK(end.time_in_system_seconds == Approx(0.020 + 0.030));
+
+  const auto load = tailbatch::load_between(start, end);
+  CHECK(load.window == 40ms);
+  CHECK(load.mean_in_flight == Approx(0.050 / 0.040));   // 1.25 sequences
+  CHECK(load.throughput_per_s == Approx(2 / 0.040));     // 50 per second
+  CHECK(load.departed == 2);
+  CHECK(load.mean_time_in_system == 25ms);
+  // The batcher's own time in system satisfies L = lambda x W ...
+  auto self = tailbatch::check_littles_law(load.throughput_per_s, load.mean_time_in_system, load.mean_in_flight);
+  CHECK_FALSE(self.hidden_queue_suspected);
+  CHECK(self.predicted_in_flight == Approx(1.25));
+  // ... and a server whose latency timer covers only the model steps (a's two and c's one:
+  // 15 ms on average) is told that requests wait somewhere its latency does not see.
+  auto server = tailbatch::check_littles_law(load.throughput_per_s, 15ms, load.mean_in_flight);
+  CHECK(server.hidden_queue_suspected);
+  CHECK(server.relative_deviation > 0.0);
+
+  // A window in the middle: 10-30 ms, 2 in flight for 10 ms then 1 for 10 ms.
+  const auto later = tailbatch::load_between(mid, end);
+  CHECK(later.window == 30ms);
+  CHECK(later.mean_in_flight == Approx(0.030 / 0.030));
+  CHECK(later.throughput_per_s == Approx(2 / 0.030));
+  // Readings out of order give an empty window, never a negative rate.
+  const auto backwards = tailbatch::load_between(end, start);
+  CHECK(backwards.window == 0ns);
+  CHECK(backwards.throughput_per_s == 0.0);
+  CHECK(backwards.mean_in_flight == 0.0);
 }
 
 TEST_CASE("a step that throws fails that step's sequences; the loop lives on", "[continuous_batcher]") {

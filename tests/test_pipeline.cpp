@@ -203,14 +203,14 @@ TEST_CASE("Pipeline (manual): EDF order and deadline-aware closing") {
   ManualClock clock;
   Log log;
   ManualPipeline<DeadlineAware> p(
-      log.model(), DeadlineAware({.max_batch = 4, .max_wait = 50ms, .cost_estimate = LinearCost{10ms, 2ms}, .margin = 0ms}),
+      log.model(), DeadlineAware({.max_batch = 4, .max_wait = 50ms, .margin = 0ms}),
       {}, clock);
   auto a = p.submit(1, {.deadline = t0 + 100ms});
   auto b = p.submit(2, {.deadline = t0 + 40ms});
   auto c = p.submit(3);  // no deadline
-  // Tightest deadline 40 ms; a fourth request would make the batch take 16 ms: close at 24 ms.
-  CHECK(p.poll().next_due == t0 + 24ms);
-  clock.advance_to(t0 + 24ms - 1ns);
+  // Tightest deadline (latest start) 40 ms, no margin: the batch closes at 40 ms.
+  CHECK(p.poll().next_due == t0 + 40ms);
+  clock.advance_to(t0 + 40ms - 1ns);
   CHECK(p.poll().batches == 0);
   clock.advance(1ns);
   CHECK(p.poll().batches == 1);
@@ -226,14 +226,14 @@ TEST_CASE("Pipeline (manual): an urgent newcomer brings the close forward") {
   ManualClock clock;
   Log log;
   ManualPipeline<DeadlineAware> p(
-      log.model(), DeadlineAware({.max_batch = 8, .max_wait = 50ms, .cost_estimate = LinearCost{10ms, 0ms}, .margin = 0ms}),
+      log.model(), DeadlineAware({.max_batch = 8, .max_wait = 50ms, .margin = 0ms}),
       {}, clock);
   auto a = p.submit(1, {.deadline = t0 + 45ms});
-  CHECK(p.poll().next_due == t0 + 35ms);
+  CHECK(p.poll().next_due == t0 + 45ms);
   clock.advance(5ms);
   auto b = p.submit(2, {.timeout = 20ms});  // deadline t0 + 25 ms
-  CHECK(p.poll().next_due == t0 + 15ms);
-  clock.advance_to(t0 + 15ms);
+  CHECK(p.poll().next_due == t0 + 25ms);
+  clock.advance_to(t0 + 25ms);
   CHECK(p.poll().batches == 1);
   CHECK(log.batches.at(0) == std::vector<int>{2, 1});
   CHECK(a.get().ok());

@@ -212,7 +212,7 @@ TEST_CASE("Pipeline (threads): an urgent deadline wakes a waiting batch") {
       [](std::span<const int> in, std::span<int> out, HostLane&) {
         for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i];
       },
-      DeadlineAware({.max_batch = 64, .max_wait = std::chrono::hours(1), .cost_estimate = LinearCost{1ms, 0ms}, .margin = 0ms}));
+      DeadlineAware({.max_batch = 64, .max_wait = std::chrono::hours(1), .margin = 0ms}));
   auto relaxed = p.submit(1);
   auto urgent = p.submit(2, {.timeout = 50ms});
   REQUIRE(urgent.wait_for(bounded) == std::future_status::ready);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -237,6 +238,65 @@ TEST_CASE("a throwing on_tokens during the closing flush turns ok into failed", 
   s.close(Status::ok);
   CHECK(last.status == Status::failed);
   CHECK(s.end()->status == Status::failed);
+}
+
+TEST_CASE("callback mode: one final status, published once, when the closing flush throws",
+          "[token_streamer]") {
+  // While the final flush runs, a consumer looking at the stream must not already see an
+  // ok that on_end and end() later contradict.
+  ManualClock clock;
+  tailbatch::LatencyHistogram e2e;
+  tailbatch::StreamMetrics metrics;
+  metrics.end_to_end = &e2e;
+  std::shared_ptr<Streamer> s;
+  std::vector<StreamEnd> ends;
+  std::optional<StreamEnd> seen_during_flush;
+  bool closed_during_flush = true;
+  StreamCallbacks<int> cb;
+  cb.on_tokens = [&](std::span<const int>) {
+    seen_during_flush = s->wait_end_for(0s);
+    closed_during_flush = s->closed();
+    throw std::runtime_error("client went away");
+  };
+  cb.on_end = [&](const StreamEnd& e) { ends.push_back(e); };
+  s = std::make_shared<Streamer>(coalesced(10), cb, clock, tailbatch::CancellationToken{}, &metrics);
+  REQUIRE(s->push(1));
+  REQUIRE(s->push(2));
+  CHECK(s->close(Status::ok));
+  CHECK_FALSE(seen_during_flush.has_value());
+  CHECK_FALSE(closed_during_flush);
+  REQUIRE(ends.size() == 1);
+  CHECK(ends[0].status == Status::failed);
+  CHECK(ends[0].message.find("client went away") != std::string::npos);
+  CHECK(s->wait_end().status == Status::failed);
+  CHECK(s->end()->status == Status::failed);
+  CHECK(s->end()->tokens == 2);
+  CHECK(e2e.snapshot().count() == 0);  // a failed stream is not a successful end to end
+  CHECK_FALSE(s->close(Status::cancelled));
+  CHECK(ends.size() == 1);
+}
+
+TEST_CASE("callback mode: a consumer waiting on another thread sees the status on_end gets",
+          "[token_streamer]") {
+  for (int round = 0; round < 50; ++round) {
+    std::shared_ptr<Streamer> s;
+    std::atomic<int> end_status{-1};
+    StreamCallbacks<int> cb;
+    cb.on_tokens = [&](std::span<const int>) {
+      std::this_thread::yield();
+      throw std::runtime_error("gone");
+    };
+    cb.on_end = [&](const StreamEnd& e) { end_status.store(static_cast<int>(e.status)); };
+    s = std::make_shared<Streamer>(coalesced(10), cb, ManualClock{});
+    std::optional<StreamEnd> waited;
+    std::thread consumer([&] { waited = s->wait_end_for(30s); });
+    REQUIRE(s->push(round));
+    s->close(Status::ok);
+    consumer.join();
+    REQUIRE(waited.has_value());
+    CHECK(waited->status == Status::failed);
+    CHECK(end_status.load() == static_cast<int>(Status::failed));
+  }
 }
 
 TEST_CASE("cancellation by cancel() or by the token reaches the producer", "[token_streamer]") {

@@ -13,8 +13,9 @@
 //                   max_wait.
 //   TokenBudget     closes when max_len x batch would exceed a padded-token budget; requests
 //                   are bucketed by length; an oversized request is rejected at once.
-//   DeadlineAware   earliest deadline first; closes early when waiting longer would miss
-//                   the tightest deadline, given a per-batch-size cost estimate.
+//   DeadlineAware   earliest deadline first; closes early so that the batch starts before
+//                   the tightest deadline (a deadline is a latest start time).
+// Every shipped policy holds at most max_batch_limit (65536) requests per batch.
 // A user policy is any type satisfying BatchPolicy (see docs/batch-window.md).
 #pragma once
 
@@ -85,10 +86,18 @@ enum class BatchOrder : std::uint8_t {
 using BatchTime = std::chrono::steady_clock::time_point;
 using BatchDuration = std::chrono::steady_clock::duration;
 
+// The largest max_batch a shipped policy accepts (and the largest PreferredSizes size).
+// Batch buffers are sized by max_batch when a Pipeline is built, so a larger value is a
+// configuration mistake (std::invalid_argument naming the field), never an allocation of
+// gigabytes. Models batch tens to thousands of requests; 65536 leaves room for all of them.
+inline constexpr std::size_t max_batch_limit = 65536;
+
 // One queued request as a policy sees it.
 struct BatchCandidate {
   BatchTime arrival{};                   // when it was submitted
-  BatchTime deadline = BatchTime::max();  // BatchTime::max(): none
+  // The latest time the request may start executing (the Pipeline's SubmitOptions::deadline,
+  // already bounded by its timeout). BatchTime::max(): none.
+  BatchTime deadline = BatchTime::max();
   std::size_t cost = 1;                   // its length in tokens (TokenBudget); 1 when unused
   Priority priority = Priority::normal;
 };
@@ -244,6 +253,20 @@ inline void require_non_negative(BatchDuration d, const char* what) {
   if (d < BatchDuration::zero()) throw_invalid_argument(what);
 }
 
+// Checks 1 <= max_batch <= max_batch_limit; `who` names the policy ("FixedWindow").
+inline void require_max_batch(std::size_t max_batch, std::string_view who) {
+  if (max_batch < 1) throw_invalid_argument((std::string(who) + ": max_batch must be >= 1").c_str());
+  if (max_batch > max_batch_limit) {
+    throw_invalid_argument((std::string(who) + ": max_batch must be <= " + std::to_string(max_batch_limit)).c_str());
+  }
+}
+
+// a * b, or SIZE_MAX when the product does not fit.
+[[nodiscard]] constexpr std::size_t saturating_mul(std::size_t a, std::size_t b) noexcept {
+  if (a != 0 && b > std::numeric_limits<std::size_t>::max() / a) return std::numeric_limits<std::size_t>::max();
+  return a * b;
+}
+
 }  // namespace detail
 
 // The classic dynamic-batching window: a batch closes when it holds max_batch requests
@@ -255,8 +278,10 @@ inline void require_non_negative(BatchDuration d, const char* what) {
 // naming the field; decide() never throws.
 class FixedWindow {
  public:
+  // max_batch in [1, max_batch_limit], max_wait >= 0; otherwise throws
+  // std::invalid_argument naming the field. Never allocates (but to build the message).
   FixedWindow(std::size_t max_batch, BatchDuration max_wait) : max_batch_(max_batch), max_wait_(max_wait) {
-    if (max_batch < 1) detail::throw_invalid_argument("FixedWindow: max_batch must be >= 1");
+    detail::require_max_batch(max_batch, "FixedWindow");
     detail::require_non_negative(max_wait, "FixedWindow: max_wait must be >= 0");
   }
 
@@ -305,13 +330,17 @@ class PreferredSizes {
  public:
   enum class Fill : std::uint8_t { pad, split, exact };
 
-  // `sizes` need not be sorted; duplicates are ignored. Allocates.
+  // `sizes` need not be sorted; duplicates are ignored. Each size must be in
+  // [1, max_batch_limit]. Throws std::invalid_argument naming the field. Allocates.
   PreferredSizes(std::vector<std::size_t> sizes, BatchDuration max_wait, Fill fill = Fill::pad)
       : sizes_(std::move(sizes)), max_wait_(max_wait), fill_(fill) {
     if (sizes_.empty()) detail::throw_invalid_argument("PreferredSizes: sizes must not be empty");
     std::sort(sizes_.begin(), sizes_.end());
     sizes_.erase(std::unique(sizes_.begin(), sizes_.end()), sizes_.end());
     if (sizes_.front() < 1) detail::throw_invalid_argument("PreferredSizes: sizes must be >= 1");
+    if (sizes_.back() > max_batch_limit) {
+      detail::throw_invalid_argument(("PreferredSizes: sizes must be <= " + std::to_string(max_batch_limit)).c_str());
+    }
     detail::require_non_negative(max_wait, "PreferredSizes: max_wait must be >= 0");
     if (fill != Fill::pad && fill != Fill::split && fill != Fill::exact) {
       detail::throw_invalid_argument("PreferredSizes: fill must be pad, split or exact");
@@ -385,8 +414,8 @@ class TokenBudget {
   static constexpr bool uses_cost = true;
 
   struct Config {
-    std::size_t budget = 0;        // padded tokens per batch (max_len x batch_size)
-    std::size_t max_batch = 64;    // most requests per batch, whatever their length
+    std::size_t budget = 0;        // padded tokens per batch (max_len x batch_size), >= 1
+    std::size_t max_batch = 64;    // most requests per batch, in [1, max_batch_limit]
     BatchDuration max_wait{};      // window from the batch's first request
     std::vector<std::size_t> bucket_bounds{};  // empty: power-of-two buckets
   };
@@ -394,7 +423,7 @@ class TokenBudget {
   explicit TokenBudget(Config c)
       : budget_(c.budget), max_batch_(c.max_batch), max_wait_(c.max_wait), bounds_(std::move(c.bucket_bounds)) {
     if (budget_ < 1) detail::throw_invalid_argument("TokenBudget: budget must be >= 1");
-    if (max_batch_ < 1) detail::throw_invalid_argument("TokenBudget: max_batch must be >= 1");
+    detail::require_max_batch(max_batch_, "TokenBudget");
     detail::require_non_negative(max_wait_, "TokenBudget: max_wait must be >= 0");
     for (std::size_t i = 0; i < bounds_.size(); ++i) {
       if (bounds_[i] < 1 || (i > 0 && bounds_[i] <= bounds_[i - 1])) {
@@ -425,8 +454,16 @@ class TokenBudget {
     return static_cast<std::size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), cost) - bounds_.begin());
   }
 
+  // The padded cost of a batch of `rows` requests whose longest is `max_len` tokens:
+  // rows x max_len, saturating at SIZE_MAX instead of wrapping. Never allocates.
+  // Thread-safe.
+  [[nodiscard]] static constexpr std::size_t padded_cost(std::size_t rows, std::size_t max_len) noexcept {
+    return detail::saturating_mul(rows, max_len);
+  }
+
   // The largest prefix of the candidates whose padded cost fits the budget, then the size
-  // and window triggers. Never allocates. Thread-safe.
+  // and window triggers. The padded cost is compared without overflow, so lengths and
+  // budgets up to SIZE_MAX are judged exactly. Never allocates. Thread-safe.
   [[nodiscard]] BatchDecision decide(const BatchView& v) const noexcept {
     const std::size_t n = v.candidates.size();
     if (n == 0) return BatchDecision::wait(BatchTime::max(), 1);
@@ -434,7 +471,7 @@ class TokenBudget {
     std::size_t max_len = 0;
     for (const BatchCandidate& c : v.candidates) {
       const std::size_t len = std::max(max_len, c.cost);
-      if (fit + 1 > max_batch_ || (fit + 1) * len > budget_) break;
+      if (fit + 1 > max_batch_ || !fits(fit + 1, len)) break;
       max_len = len;
       ++fit;
     }
@@ -451,6 +488,9 @@ class TokenBudget {
   }
 
  private:
+  // rows x max_len <= budget, decided without forming the product (rows >= 1).
+  [[nodiscard]] bool fits(std::size_t rows, std::size_t max_len) const noexcept { return max_len <= budget_ / rows; }
+
   std::size_t budget_;
   std::size_t max_batch_;
   BatchDuration max_wait_;
@@ -458,8 +498,9 @@ class TokenBudget {
   std::size_t bucket_count_ = 1;
 };
 
-// A linear model of batch cost: base + per_item x (size - 1). The guide's worked example
-// is LinearCost{20ms, 3ms}. Immutable; thread-safe.
+// A linear model of batch cost: base + per_item x (size - 1), the latency field guide's
+// L(b) (its worked example is LinearCost{20ms, 3ms}); the simulator's service time.
+// Immutable; thread-safe.
 struct LinearCost {
   BatchDuration base{};
   BatchDuration per_item{};
@@ -468,38 +509,42 @@ struct LinearCost {
   }
 };
 
-// Deadline-aware closing. Requests of one priority are ordered earliest deadline first,
-// and a batch closes as soon as waiting any longer would make it miss the tightest
-// deadline among its requests, given an estimate of how long a batch of each size takes:
-// with n requests, the batch closes at
-//     min(deadline) - cost_estimate(n + 1) - margin
-// (the latest start that would still meet the tightest deadline if one more request
-// joined), or at max_wait after its first request, or at max_batch, whichever is first.
+// Deadline-aware closing. A request's deadline is the latest time it may start executing
+// (SubmitOptions::deadline; a request not started by then completes with
+// Status::deadline_exceeded and is never executed late). Requests of one priority are
+// ordered earliest deadline first, and a batch closes as soon as waiting any longer would
+// make it start after the tightest deadline among its requests: with deadlines d_i it
+// closes at
+//     min(d_i) - margin
+// or at max_wait after its first request, or at max_batch, whichever is first. `margin`
+// is the time kept in hand between closing a batch and its model call starting (handing
+// it to a lane, gathering inputs, a busy machine's scheduling delay); on a real clock a
+// batch closed exactly at a deadline would find that deadline passed by the time it is
+// checked, so set it to the dispatch lag you measure (100 us to 1 ms is typical).
 // Requests without a deadline batch as with FixedWindow.
 //
-// A request already past its deadline is never executed (the Pipeline completes it with
-// Status::deadline_exceeded when the batch is formed); one that cannot be met even alone
-// is still sent at once rather than dropped, since it might yet make it.
+// How long the batch then runs does not enter the decision: a deadline bounds the start.
+// A caller with a bound on completion subtracts the model time it expects from that bound
+// when it sets the deadline (deadline = respond_by - expected model time).
 //
-// Immutable after construction; thread-safe if cost_estimate is (it is called from the
-// Pipeline's threads). The constructor throws std::invalid_argument naming the field;
-// decide() never throws (an estimate that throws terminates, as in any noexcept call).
+// A request already past its deadline is never executed (the Pipeline completes it with
+// Status::deadline_exceeded when the batch is formed).
+//
+// Immutable after construction; thread-safe. The constructor throws std::invalid_argument
+// naming the field; decide() never throws.
 class DeadlineAware {
  public:
-  using CostEstimate = std::function<BatchDuration(std::size_t batch_size)>;
-
   struct Config {
-    std::size_t max_batch = 32;
-    BatchDuration max_wait{};       // window from the batch's first request
-    CostEstimate cost_estimate{};   // model time for a batch of the given size; required
-    BatchDuration margin{};         // extra time kept in hand (dispatch lag, jitter)
+    std::size_t max_batch = 32;     // in [1, max_batch_limit]
+    BatchDuration max_wait{};       // window from the batch's first request, >= 0
+    BatchDuration margin{};         // dispatch lag kept in hand before a deadline, >= 0
   };
 
-  explicit DeadlineAware(Config c)
-      : max_batch_(c.max_batch), max_wait_(c.max_wait), cost_(std::move(c.cost_estimate)), margin_(c.margin) {
-    if (max_batch_ < 1) detail::throw_invalid_argument("DeadlineAware: max_batch must be >= 1");
+  // Throws std::invalid_argument naming the first bad field. Never allocates (but to
+  // build the message).
+  explicit DeadlineAware(Config c) : max_batch_(c.max_batch), max_wait_(c.max_wait), margin_(c.margin) {
+    detail::require_max_batch(max_batch_, "DeadlineAware");
     detail::require_non_negative(max_wait_, "DeadlineAware: max_wait must be >= 0");
-    if (!cost_) detail::throw_invalid_argument("DeadlineAware: cost_estimate must be set");
     detail::require_non_negative(margin_, "DeadlineAware: margin must be >= 0");
   }
 
@@ -509,12 +554,8 @@ class DeadlineAware {
   // Earliest deadline first. Thread-safe.
   [[nodiscard]] BatchOrder order() const noexcept { return BatchOrder::earliest_deadline; }
 
-  // The estimated model time of a batch of `batch_size`, never negative. Thread-safe.
-  [[nodiscard]] BatchDuration estimate(std::size_t batch_size) const noexcept {
-    return std::max(BatchDuration::zero(), cost_(batch_size));
-  }
-
-  // Never allocates (beyond what cost_estimate does). Thread-safe.
+  // Size trigger, then the tightest latest start, then the window. Never allocates.
+  // Thread-safe.
   [[nodiscard]] BatchDecision decide(const BatchView& v) const noexcept {
     const std::size_t n = v.candidates.size();
     if (n == 0) return BatchDecision::wait(BatchTime::max(), 1);
@@ -522,24 +563,19 @@ class DeadlineAware {
     if (v.flush) return BatchDecision::dispatch(n, DispatchReason::flush);
     BatchTime tightest = BatchTime::max();
     for (const BatchCandidate& c : v.candidates) tightest = std::min(tightest, c.deadline);
-    const BatchTime close_at =
-        tightest == BatchTime::max()
-            ? BatchTime::max()
-            : detail::saturating_sub(detail::saturating_sub(tightest, estimate(n + 1)), margin_);
+    const BatchTime close_at = tightest == BatchTime::max() ? BatchTime::max() : detail::saturating_sub(tightest, margin_);
     if (v.now >= close_at) return BatchDecision::dispatch(n, DispatchReason::deadline);
     const BatchTime expiry = detail::saturating_add(detail::window_start(v.candidates), max_wait_);
     if (v.now >= expiry) return BatchDecision::dispatch(n, DispatchReason::window);
-    // A newcomer with a deadline before close_at + cost(max_batch) + margin may bring the
-    // closing time forward: its own latest start is at least deadline - cost(max_batch) - margin.
+    // A newcomer whose own close (its deadline - margin) comes before the wake-up brings
+    // it forward: one with a deadline before wake + margin.
     const BatchTime wake = std::min(close_at, expiry);
-    const BatchTime urgent = detail::saturating_add(detail::saturating_add(wake, estimate(max_batch_)), margin_);
-    return BatchDecision::wait(wake, max_batch_, urgent);
+    return BatchDecision::wait(wake, max_batch_, detail::saturating_add(wake, margin_));
   }
 
  private:
   std::size_t max_batch_;
   BatchDuration max_wait_;
-  CostEstimate cost_;
   BatchDuration margin_;
 };
 

@@ -24,12 +24,24 @@
 // prefill_chunk prompt tokens per sequence, so that a long prompt is spread over several
 // steps instead of stalling everyone else's next token.
 //
+// Deadlines. As everywhere in tailbatch, a request's `deadline` is a latest start: the
+// latest time the sequence may be admitted into the active set (its first step follows
+// with no user code in between). A sequence admitted in time runs to its end. A bound on
+// the whole generation is a separate field, `completion_deadline`: a sequence still active
+// at it is retired at the next step boundary. `timeout` bounds the deadline relative to
+// submission; a negative one (a budget already spent upstream) expires the request at once.
+//
 // Outcomes. Every submitted sequence completes exactly once, through its stream's close:
 // ok (finished, or max_new_tokens reached), rejected (queue_full, too_large,
-// shutting_down), deadline_exceeded (its deadline passed while waiting, or while active:
-// it is retired at the next step boundary, the tokens already emitted stay delivered),
-// cancelled (by its consumer; it leaves the active set before the next step), failed (the
-// step threw, or called seq.fail(); the loop lives on).
+// shutting_down), deadline_exceeded (not admitted by its deadline, or still active at its
+// completion_deadline: retired at the next step boundary, the tokens already emitted stay
+// delivered), cancelled (by its consumer; it leaves the active set before the next step),
+// failed (the step threw, or called seq.fail(); the loop lives on).
+//
+// Load. stats_approx() carries the time integral of the sequences in flight (active +
+// waiting) and the sequences that left, so that two readings give the mean in flight and
+// the throughput over the same window (load_between()): the inputs of the Little's-law
+// check (check_littles_law in metrics.hpp).
 //
 // Threads. Constructing a ContinuousBatcher starts no thread. start() launches the one
 // decode thread it owns, which runs step() and the stream callbacks; shutdown() (or the
@@ -40,6 +52,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -107,7 +120,9 @@ struct StepReport {
   bool failed = false;          // step() threw
 };
 
-// Totals since construction, read without a lock (each field racy with the others).
+// Totals since construction. The counters are read without a lock (each racy with the
+// others); the four load fields are read together under the batcher's lock, so they are
+// consistent with one another.
 struct ContinuousBatcherStats {
   std::uint64_t submitted = 0;
   std::uint64_t admitted = 0;
@@ -118,7 +133,49 @@ struct ContinuousBatcherStats {
   std::uint64_t deadline_exceeded = 0;
   std::uint64_t cancelled = 0;
   std::uint64_t failed = 0;
+
+  // Load, for Little's law (take two readings and call load_between()). "In flight" is a
+  // sequence in the waiting queue or the active set: from a submit that queued it to the
+  // moment it leaves the active set or the queue. A request completed inside submit()
+  // (rejected, expired, max_new_tokens 0) is never in flight and is not counted here.
+  std::chrono::nanoseconds observed_at{0};  // the batcher clock's reading (since its epoch)
+  double in_flight_seconds = 0.0;           // integral of (active + waiting) over time, sequence-seconds
+  std::uint64_t departed = 0;               // sequences that left (any status) after being queued
+  double time_in_system_seconds = 0.0;      // the departed sequences' total time from submit to leaving
 };
+
+// A ContinuousBatcher's load over the window between two stats readings.
+struct ContinuousBatcherLoad {
+  std::chrono::nanoseconds window{0};  // later.observed_at - earlier.observed_at
+  double mean_in_flight = 0.0;         // time-averaged active + waiting sequences (L)
+  double throughput_per_s = 0.0;       // sequences that left per second (lambda)
+  std::uint64_t departed = 0;          // sequences that left in the window
+  // Their mean time from submit to leaving (W as the batcher sees it; it includes time
+  // before the window for sequences submitted before it). Zero when none left.
+  std::chrono::nanoseconds mean_time_in_system{0};
+};
+
+// The load between two readings of the same batcher's stats_approx(), `earlier` taken
+// first. A window that is not positive (readings out of order, or the same instant)
+// gives all zeros. Feed it to check_littles_law(load.throughput_per_s, mean_latency,
+// load.mean_in_flight) with the mean latency your server measured over the same window
+// (see docs/continuous-batching.md). Never allocates. Thread-safe (a pure function).
+[[nodiscard]] inline ContinuousBatcherLoad load_between(const ContinuousBatcherStats& earlier,
+                                                        const ContinuousBatcherStats& later) noexcept {
+  ContinuousBatcherLoad load;
+  if (later.observed_at <= earlier.observed_at) return load;
+  load.window = later.observed_at - earlier.observed_at;
+  const double seconds = std::chrono::duration<double>(load.window).count();
+  load.mean_in_flight = std::max(0.0, later.in_flight_seconds - earlier.in_flight_seconds) / seconds;
+  load.departed = later.departed >= earlier.departed ? later.departed - earlier.departed : 0;
+  load.throughput_per_s = static_cast<double>(load.departed) / seconds;
+  if (load.departed > 0) {
+    const double total = std::max(0.0, later.time_in_system_seconds - earlier.time_in_system_seconds);
+    load.mean_time_in_system =
+        std::chrono::nanoseconds(std::llround(total * 1e9 / static_cast<double>(load.departed)));
+  }
+  return load;
+}
 
 // The continuous batcher. Token: what the engine emits (e.g. std::int32_t). State: per
 // sequence data the engine keeps with it (moved in from the request, handed back in every
@@ -146,7 +203,17 @@ class ContinuousBatcher {
     std::size_t max_new_tokens = 16;  // the sequence ends ok after this many tokens
     State state{};                    // handed to the engine as seq.state()
     int priority = 0;                 // higher is served sooner (see priority_step)
+    // The latest time the sequence may be admitted (start); not admitted by then, it
+    // completes with Status::deadline_exceeded without running. time_point::max(): none.
     time_point deadline = time_point::max();
+    // > 0: the deadline is also at most the batcher clock's now() + timeout at submit.
+    // < 0: the budget was spent upstream; the request completes with deadline_exceeded at
+    // once. 0: no timeout.
+    std::chrono::nanoseconds timeout{0};
+    // The time by which the whole generation must be over: a sequence still active then is
+    // retired at the next step boundary with Status::deadline_exceeded (the tokens already
+    // emitted stay delivered), and one still waiting is dropped. time_point::max(): none.
+    time_point completion_deadline = time_point::max();
     CancellationToken cancel{};
     std::optional<StreamOptions> stream;  // default: the config's
   };
@@ -161,7 +228,10 @@ class ContinuousBatcher {
     [[nodiscard]] std::span<const Token> prompt() const noexcept { return prompt_; }
     [[nodiscard]] int priority() const noexcept { return priority_; }
     [[nodiscard]] std::size_t max_new_tokens() const noexcept { return max_new_; }
+    // The latest admission time (already met: the sequence is running). Never blocks.
     [[nodiscard]] time_point deadline() const noexcept { return deadline_; }
+    // When the sequence is retired if still active (time_point::max(): never). Never blocks.
+    [[nodiscard]] time_point completion_deadline() const noexcept { return completion_deadline_; }
     // Prompt tokens processed by earlier steps.
     [[nodiscard]] std::size_t prefilled() const noexcept { return prefilled_; }
     // The prompt tokens to process in this step (empty once the prompt is done).
@@ -219,6 +289,7 @@ class ContinuousBatcher {
     State state_{};
     int priority_ = 0;
     time_point deadline_{};
+    time_point completion_deadline_{};
     time_point submitted_{};
     std::shared_ptr<Stream> stream_;
     std::size_t reserved_ = 0;
@@ -240,6 +311,7 @@ class ContinuousBatcher {
   ContinuousBatcher(ContinuousBatcherConfig config, StepFn step, C clock = C{})
       : config_(validated(std::move(config))), step_(std::move(step)), clock_(std::move(clock)) {
     if (!step_) throw std::invalid_argument("ContinuousBatcher: step must be callable");
+    load_.last_ns = ns_since_epoch(clock_.now());
     active_.reserve(config_.max_active);
     if (config_.metrics) register_metrics(*config_.metrics);
   }
@@ -323,7 +395,10 @@ class ContinuousBatcher {
   [[nodiscard]] std::size_t waiting_approx() const noexcept { return waiting_count_.load(std::memory_order_relaxed); }
   // Tokens reserved by the active set. Thread-safe; racy by nature.
   [[nodiscard]] std::size_t reserved_tokens_approx() const noexcept { return reserved_.load(std::memory_order_relaxed); }
-  // Totals since construction. Thread-safe; racy by nature.
+  // Totals since construction, and the load integrals up to now (see
+  // ContinuousBatcherStats). The counters are racy with one another; the load fields are
+  // read under the batcher's lock (a short wait behind a submit or an admission). Never
+  // allocates. Thread-safe.
   [[nodiscard]] ContinuousBatcherStats stats_approx() const noexcept {
     ContinuousBatcherStats s;
     s.submitted = submitted_.load(std::memory_order_relaxed);
@@ -335,6 +410,12 @@ class ContinuousBatcher {
     s.deadline_exceeded = by_status_[2].load(std::memory_order_relaxed);
     s.cancelled = by_status_[3].load(std::memory_order_relaxed);
     s.failed = by_status_[4].load(std::memory_order_relaxed);
+    std::lock_guard lock(mutex_);
+    const std::int64_t now = ns_since_epoch(clock_.now());
+    s.observed_at = std::chrono::nanoseconds(std::max(now, load_.last_ns));
+    s.in_flight_seconds = load_.area_at(now);
+    s.departed = load_.departed;
+    s.time_in_system_seconds = load_.time_in_system_s;
     return s;
   }
   // The validated configuration. Thread-safe.
@@ -364,6 +445,41 @@ class ContinuousBatcher {
     return t + dd;
   }
 
+  static std::int64_t ns_since_epoch(time_point t) noexcept {
+    return static_cast<std::int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+  }
+
+  // The time integral of the sequences in flight and the departures, for Little's law.
+  // Guarded by mutex_. The integral is kept in seconds as a double: at a million
+  // sequences in flight for a year it still resolves well under a microsecond-sequence.
+  struct Load {
+    std::int64_t last_ns = 0;  // when count last changed (or the batcher was built)
+    std::size_t count = 0;     // sequences in flight now
+    double area_s = 0.0;       // integral of count up to last_ns, sequence-seconds
+    std::uint64_t departed = 0;
+    double time_in_system_s = 0.0;
+
+    // The integral up to t (never before last_ns). Never allocates.
+    [[nodiscard]] double area_at(std::int64_t t) const noexcept {
+      if (t <= last_ns || count == 0) return area_s;
+      return area_s + static_cast<double>(count) * (static_cast<double>(t - last_ns) * 1e-9);
+    }
+    void advance(std::int64_t t) noexcept {
+      area_s = area_at(t);
+      last_ns = std::max(last_ns, t);
+    }
+    void arrive(std::int64_t t) noexcept {
+      advance(t);
+      ++count;
+    }
+    void depart(std::int64_t t, std::int64_t submitted) noexcept {
+      advance(t);
+      if (count > 0) --count;
+      ++departed;
+      time_in_system_s += static_cast<double>(std::max<std::int64_t>(0, t - submitted)) * 1e-9;
+    }
+  };
+
   std::shared_ptr<Stream> submit_impl(Request request, StreamCallbacks<Token> callbacks) {
     const StreamOptions options = request.stream ? *request.stream : config_.stream;
     auto stream = std::make_shared<Stream>(options, std::move(callbacks), clock_, request.cancel,
@@ -371,6 +487,15 @@ class ContinuousBatcher {
     submitted_.fetch_add(1, std::memory_order_relaxed);
     const time_point now = clock_.now();
     const std::size_t reserve = request.prompt.size() + request.max_new_tokens;
+    if (request.timeout < std::chrono::nanoseconds::zero()) {
+      complete(*stream, Status::deadline_exceeded,
+               "ContinuousBatcher: the request's timeout was already spent (negative) at submission");
+      return stream;
+    }
+    time_point deadline = request.deadline;
+    if (request.timeout > std::chrono::nanoseconds::zero()) {
+      deadline = std::min(deadline, saturating_add(now, request.timeout));
+    }
     if (request.max_new_tokens == 0) {
       complete(*stream, Status::ok, {});
       return stream;
@@ -383,8 +508,12 @@ class ContinuousBatcher {
                RejectReason::too_large);
       return stream;
     }
-    if (request.deadline <= now) {
+    if (now > deadline) {
       complete(*stream, Status::deadline_exceeded, "ContinuousBatcher: deadline passed before submission");
+      return stream;
+    }
+    if (now >= request.completion_deadline) {
+      complete(*stream, Status::deadline_exceeded, "ContinuousBatcher: completion_deadline passed before submission");
       return stream;
     }
 
@@ -393,7 +522,8 @@ class ContinuousBatcher {
     seq.max_new_ = request.max_new_tokens;
     seq.state_ = std::move(request.state);
     seq.priority_ = request.priority;
-    seq.deadline_ = request.deadline;
+    seq.deadline_ = deadline;
+    seq.completion_deadline_ = request.completion_deadline;
     seq.submitted_ = now;
     seq.stream_ = stream;
     seq.reserved_ = reserve;
@@ -414,6 +544,7 @@ class ContinuousBatcher {
             seq.id_};
         waiting_.emplace(key, std::move(seq));
         waiting_count_.store(waiting_.size(), std::memory_order_relaxed);
+        load_.arrive(ns_since_epoch(now));
       }
     }
     if (refused == RejectReason::shutting_down) {
@@ -477,25 +608,25 @@ class ContinuousBatcher {
   // step_once caller), the only one that touches active_'s contents.
   StepReport turn() {
     StepReport report;
-    const time_point now = clock_.now();
     bool stopping = false;
     time_point drain_deadline{};
 
-    // 1. Retire active sequences that were cancelled, or ran past their deadline or the
-    //    drain deadline, before they cost another step.
+    // 1. Retire active sequences that were cancelled, or ran past their completion deadline
+    //    or the drain deadline, before they cost another step.
     {
       std::lock_guard lock(mutex_);
       stopping = stopping_;
       drain_deadline = drain_deadline_;
     }
+    time_point now = clock_.now();
     for (auto& seq : active_) {
       if (seq.stream_->closed()) {
         retire(seq, report);
       } else if (seq.stream_->cancel_requested()) {
         finish_with(seq, Status::cancelled, "cancelled by the consumer", report);
-      } else if (now >= seq.deadline_) {
+      } else if (now >= seq.completion_deadline_) {
         finish_with(seq, Status::deadline_exceeded,
-                    "deadline passed after " + std::to_string(seq.generated_) + " tokens", report);
+                    "completion_deadline passed after " + std::to_string(seq.generated_) + " tokens", report);
       } else if (stopping && now >= drain_deadline) {
         finish_with(seq, Status::cancelled, "ContinuousBatcher: shutdown drain timeout", report);
       }
@@ -503,22 +634,42 @@ class ContinuousBatcher {
     compact();
 
     // 2. Drop waiting sequences that were cancelled or expired (or all of them when
-    //    shutting down), and admit in service order while the next one fits.
+    //    shutting down). The retirements above ran user callbacks: read the clock again.
     std::vector<Sequence> dropped;
+    now = clock_.now();
     {
       std::lock_guard lock(mutex_);
+      stopping = stopping_;
       for (auto it = waiting_.begin(); it != waiting_.end();) {
-        Sequence& s = it->second;
-        if (stopping_ || s.stream_->cancel_requested() || now >= s.deadline_) {
-          dropped.push_back(std::move(s));
+        if (stopping || must_drop(it->second, now)) {
+          dropped.push_back(std::move(it->second));
           it = waiting_.erase(it);
         } else {
           ++it;
         }
       }
+      depart_locked(dropped, now);
+    }
+    for (auto& s : dropped) complete_dropped(s, stopping, now, report);
+    dropped.clear();
+
+    // 3. Admit in service order while the next one fits. The drops above ran callbacks too,
+    //    so the deadlines are checked against a fresh reading, and from here to the step
+    //    no user code runs: a sequence admitted here starts by its deadline (up to the
+    //    time this turn takes to plan). One that expired in the meantime is completed
+    //    after the step, so that its callbacks do not delay the step either.
+    now = clock_.now();
+    {
+      std::lock_guard lock(mutex_);
+      stopping = stopping_;
       std::size_t reserved = reserved_.load(std::memory_order_relaxed);
       while (!waiting_.empty() && active_.size() < config_.max_active) {
         auto it = waiting_.begin();
+        if (stopping || must_drop(it->second, now)) {
+          dropped.push_back(std::move(it->second));
+          waiting_.erase(it);
+          continue;
+        }
         // No bypass: if the head does not fit, nothing behind it is admitted either, so a
         // large sequence is never starved by a stream of small ones.
         if (reserved + it->second.reserved_ > config_.token_budget) break;
@@ -527,26 +678,21 @@ class ContinuousBatcher {
         waiting_.erase(it);
         ++report.admitted;
       }
+      depart_locked(dropped, now);
       reserved_.store(reserved, std::memory_order_relaxed);
       waiting_count_.store(waiting_.size(), std::memory_order_relaxed);
       active_count_.store(active_.size(), std::memory_order_relaxed);
-    }
-    for (auto& s : dropped) {
-      if (stopping) {
-        complete(*s.stream_, Status::rejected, "ContinuousBatcher: shutting down", RejectReason::shutting_down);
-      } else if (s.stream_->cancel_requested()) {
-        complete(*s.stream_, Status::cancelled, "cancelled by the consumer while waiting");
-      } else {
-        complete(*s.stream_, Status::deadline_exceeded, "deadline passed while waiting");
-      }
-      ++report.completed;
     }
     if (report.admitted > 0) note_admissions(report.admitted, now);
     for (std::size_t i = active_.size() - report.admitted; i < active_.size(); ++i) {
       metrics_.record_queue_wait(now - active_[i].submitted_);
     }
+    const time_point admitted_at = now;
+    auto complete_late = [&] {
+      for (auto& s : dropped) complete_dropped(s, stopping, admitted_at, report);
+    };
 
-    // 3. Plan the step: decoding sequences one token each, then prompt chunks in
+    // 4. Plan the step: decoding sequences one token each, then prompt chunks in
     //    admission order within the step budget.
     std::size_t decoding = 0;
     for (auto& s : active_) {
@@ -574,9 +720,12 @@ class ContinuousBatcher {
     auto first_idle = std::stable_partition(active_.begin(), active_.end(),
                                             [](const Sequence& s) { return s.scheduled_; });
     const auto scheduled = static_cast<std::size_t>(first_idle - active_.begin());
-    if (scheduled == 0) return report;
+    if (scheduled == 0) {
+      complete_late();
+      return report;
+    }
 
-    // 4. Step.
+    // 5. Step.
     report.stepped = true;
     report.scheduled = scheduled;
     report.step_tokens = step_tokens;
@@ -594,7 +743,7 @@ class ContinuousBatcher {
     metrics_.record_step(step_end - step_start);
     report.failed = failure.has_value();
 
-    // 5. Retire what finished; everything else stays for the next step.
+    // 6. Retire what finished; everything else stays for the next step.
     for (std::size_t i = 0; i < scheduled; ++i) {
       Sequence& s = active_[i];
       s.prefilled_ += s.chunk_;
@@ -614,7 +763,34 @@ class ContinuousBatcher {
     }
     tokens_.fetch_add(report.emitted, std::memory_order_relaxed);
     compact();
+    complete_late();
     return report;
+  }
+
+  // True when a waiting sequence can no longer be admitted in time, or was cancelled.
+  static bool must_drop(const Sequence& s, time_point now) noexcept {
+    return s.stream_->cancel_requested() || now > s.deadline_ || now >= s.completion_deadline_;
+  }
+
+  // Closes a sequence that left the waiting queue at `when` without running.
+  void complete_dropped(Sequence& s, bool stopping, time_point when, StepReport& report) noexcept {
+    if (stopping) {
+      complete(*s.stream_, Status::rejected, "ContinuousBatcher: shutting down", RejectReason::shutting_down);
+    } else if (s.stream_->cancel_requested()) {
+      complete(*s.stream_, Status::cancelled, "cancelled by the consumer while waiting");
+    } else if (when >= s.completion_deadline_) {
+      complete(*s.stream_, Status::deadline_exceeded, "completion_deadline passed while waiting");
+    } else {
+      complete(*s.stream_, Status::deadline_exceeded, "deadline passed while waiting: not admitted in time");
+    }
+    ++report.completed;
+  }
+
+  // Counts sequences leaving the batcher (load integrals). Called with mutex_ held.
+  void depart_locked(const std::vector<Sequence>& gone, time_point now) noexcept {
+    if (gone.empty()) return;
+    const std::int64_t t = ns_since_epoch(now);
+    for (const Sequence& s : gone) load_.depart(t, ns_since_epoch(s.submitted_));
   }
 
   void finish_with(Sequence& s, Status status, std::string message, StepReport& report) noexcept {
@@ -634,7 +810,10 @@ class ContinuousBatcher {
     for (auto& s : active_)
       if (s.retired_) released += s.reserved_;
     if (released == 0) return;
+    const std::int64_t now = ns_since_epoch(clock_.now());
     std::lock_guard lock(mutex_);
+    for (const auto& s : active_)
+      if (s.retired_) load_.depart(now, ns_since_epoch(s.submitted_));
     std::erase_if(active_, [](const Sequence& s) { return s.retired_; });
     reserved_.fetch_sub(released, std::memory_order_relaxed);
     active_count_.store(active_.size(), std::memory_order_relaxed);
@@ -729,12 +908,13 @@ class ContinuousBatcher {
   std::atomic<std::uint64_t> by_status_[5] = {};
   std::atomic<std::int64_t> admit_interval_ns_{0};
 
-  std::mutex mutex_;  // guards waiting_, stopping_, drain_deadline_, next_id_, active_'s size
+  mutable std::mutex mutex_;  // guards waiting_, stopping_, drain_deadline_, next_id_, active_'s size, load_
   std::condition_variable cv_;
   Waiting waiting_;
   bool stopping_ = false;
   time_point drain_deadline_ = time_point::max();
   std::uint64_t next_id_ = 0;
+  Load load_;
 
   std::vector<Sequence> active_;  // contents: the stepping thread only
   std::optional<time_point> last_admission_;

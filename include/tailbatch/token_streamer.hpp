@@ -92,6 +92,11 @@ struct StreamEnd {
 // and on_end exactly once, after the last chunk. Both run inside push()/close(), i.e. on
 // the decode thread: keep them short. If on_tokens throws, the stream closes with
 // Status::failed and the exception's message; exceptions from on_end are swallowed.
+//
+// One stream has one final status, published once: close() first hands the last pending
+// chunk to on_tokens, then settles the status (failed if that last on_tokens threw), and
+// only then do end(), closed() and wait_end() report the stream closed; on_end receives
+// the same status. While the last chunk is being delivered the stream still reads as open.
 template <class Token>
 struct StreamCallbacks {
   std::function<void(std::span<const Token>)> on_tokens;
@@ -190,7 +195,7 @@ class TokenStreamer {
   bool push(Token token) noexcept {
     const time_point now = clock_.now();
     std::unique_lock lock(mutex_);
-    if (closed_) return false;
+    if (closed_ || closing_) return false;
     if (cancel_requested_locked()) return false;
     if (!callback_mode_ && buffer_.size() >= options_.capacity) {
       close_locked(lock, Status::cancelled, RejectReason::none,
@@ -215,7 +220,7 @@ class TokenStreamer {
         std::string failure = deliver(lock);
         if (failure.empty()) return true;
         lock.lock();
-        if (!closed_) close_locked(lock, Status::failed, RejectReason::none, std::move(failure), clock_.now());
+        if (!closed_ && !closing_) close_locked(lock, Status::failed, RejectReason::none, std::move(failure), clock_.now());
         return false;
       }
     }
@@ -223,14 +228,17 @@ class TokenStreamer {
   }
 
   // Closes the stream with its final status, publishing every pending token first. The
-  // first close wins: returns false (and changes nothing) if the stream was already closed.
-  // Calls on_end in callback mode. Wakes every waiting consumer. Allocates the message.
+  // first close wins: returns false (and changes nothing) if the stream was already closed
+  // or is being closed (a close called from inside the closing flush's on_tokens). In
+  // callback mode the last chunk goes to on_tokens first; if it throws, an ok status
+  // becomes failed with its message before anyone sees the stream closed. Then calls
+  // on_end with that status. Wakes every waiting consumer. Allocates the message.
   // Not thread-safe: one producer at a time.
   bool close(Status status, std::string message = {}, RejectReason reason = RejectReason::none,
              std::chrono::nanoseconds retry_after = std::chrono::nanoseconds{0}) noexcept {
     const time_point now = clock_.now();
     std::unique_lock lock(mutex_);
-    if (closed_) return false;
+    if (closed_ || closing_) return false;
     close_locked(lock, status, reason, std::move(message), now, retry_after);
     return true;
   }
@@ -430,11 +438,25 @@ class TokenStreamer {
     return failure;
   }
 
-  // Precondition: locked and !closed_. In callback mode runs the last on_tokens and on_end
-  // outside the lock; the lock's state on return is unspecified (callers return at once).
+  // Precondition: locked, !closed_ and !closing_. In callback mode runs the last
+  // on_tokens and then on_end outside the lock; the lock's state on return is unspecified
+  // (callers return at once). The final status is settled before closed_ is set, so every
+  // observer sees one status.
   void close_locked(std::unique_lock<std::mutex>& lock, Status status, RejectReason reason,
                     std::string message, time_point now,
                     std::chrono::nanoseconds retry_after = std::chrono::nanoseconds{0}) noexcept {
+    closing_ = true;
+    if (callback_mode_ && !buffer_.empty()) {
+      std::string failure = deliver(lock);
+      lock.lock();
+      if (!failure.empty() && status == Status::ok) {
+        // The final flush failed: the consumer did not get the whole answer.
+        status = Status::failed;
+        reason = RejectReason::none;
+        message = std::move(failure);
+        retry_after = std::chrono::nanoseconds{0};
+      }
+    }
     closed_ = true;
     end_.status = status;
     end_.reason = status == Status::rejected ? reason : RejectReason::none;
@@ -451,16 +473,15 @@ class TokenStreamer {
     visible_ = buffer_.size();
     cv_.notify_all();
     if (!callback_mode_) return;
-    if (!buffer_.empty()) {
-      std::string failure = deliver(lock);
-      lock.lock();
-      if (!failure.empty() && end_.status == Status::ok) {
-        // The final flush failed: the consumer did not get the whole answer.
-        end_.status = Status::failed;
-        end_.message = std::move(failure);
-      }
+    StreamEnd end;
+    try {
+      end = end_;
+    } catch (...) {  // out of memory copying the message: on_end still gets the status
+      end.status = end_.status;
+      end.reason = end_.reason;
+      end.retry_after = end_.retry_after;
+      end.tokens = end_.tokens;
     }
-    StreamEnd end = end_;
     lock.unlock();
     if (callbacks_.on_end) {
       try {
@@ -537,7 +558,8 @@ class TokenStreamer {
   std::size_t visible_ = 0;
   std::size_t pushed_ = 0;
   time_point pending_since_{};   // when the oldest unpublished token was pushed
-  bool closed_ = false;
+  bool closing_ = false;  // close() has begun (the final flush may be running unlocked)
+  bool closed_ = false;   // the final status is settled and published
   StreamEnd end_;
   StreamTimes<time_point> times_;
   std::vector<Token> delivery_;  // producer-only: the chunk being handed to on_tokens
