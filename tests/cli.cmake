@@ -162,9 +162,11 @@ tailbatch_cli_test(load_cap_starves_batcher tailbatch-load RC nonzero
   ARGS --rate 10 --max-in-flight 4 --max-batch 16 --lanes 2 --quiet EXPECT "admission limit is below")
 
 # ---- before_after_demo -------------------------------------------------------------------
-# The flagship demo in its short form (about 15 s): it runs, measures both setups, and
-# prints a verdict computed from its measurements (which verdict depends on the machine).
-tailbatch_cli_test(demo_quick before_after_demo RC 0
+# A smoke test of the flagship demo in its short form (about 15 s): it runs, measures both
+# setups, and prints a verdict computed from its measurements. Which verdict depends on
+# the machine, so MET and NOT MET both pass: the test checks that the demo works, not
+# that batching wins here.
+tailbatch_cli_test(demo_quick_smoke before_after_demo RC 0
   ARGS --quick --out plots
   EXPECT "BEFORE: batching off"
          "AFTER: dynamic batching"

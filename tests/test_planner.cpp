@@ -390,3 +390,27 @@ TEST_CASE("Up to 1024, every batch size is a candidate", "[planner][max_batch]")
   REQUIRE(plan.recommendation() != nullptr);
   CHECK(plan.recommendation()->batch_size == 31);  // Example 1's answer is unchanged
 }
+
+TEST_CASE("Example 2: streaming shows content after 200 ms, the whole answer takes 2.18 s",
+          "[planner][guide][streaming]") {
+  // An LLM: prompt processing ≈ 120 ms, the first token ≈ 80 ms after that, then 50 tokens/s;
+  // a 100-token answer.
+  const tailbatch::GenerationProfile llm{.prefill_ms = 120.0, .first_token_ms = 80.0, .tokens_per_s = 50.0};
+  const auto l = tailbatch::streaming_latency(llm, 100);
+  CHECK(l.time_to_first_token_ms == Approx(200.0));      // streaming: content after ≈ 200 ms
+  CHECK(l.inter_token_ms == Approx(20.0));
+  CHECK(l.total_ms == Approx(120.0 + 80.0 + 1980.0));    // non-streaming: 120 + 80 + 99/50 s ≈ 2.18 s
+  CHECK(l.total_ms - l.time_to_first_token_ms == Approx(1980.0));  // "then content flows for ~2 s"
+  CHECK(l.streaming_speedup == Approx(10.9));            // "an order of magnitude"
+  CHECK(l.streaming_speedup >= 10.0);
+
+  // One token: both clients wait the same; longer answers widen the gap linearly.
+  CHECK(tailbatch::streaming_latency(llm, 1).total_ms == Approx(200.0));
+  CHECK(tailbatch::streaming_latency(llm, 1).streaming_speedup == Approx(1.0));
+  CHECK(tailbatch::streaming_latency(llm, 1001).total_ms == Approx(200.0 + 1000 * 20.0));
+
+  CHECK_INVALID(tailbatch::streaming_latency(llm, 0), "tokens");
+  CHECK_INVALID(tailbatch::streaming_latency({120.0, 80.0, 0.0}, 100), "tokens_per_s");
+  CHECK_INVALID(tailbatch::streaming_latency({-1.0, 80.0, 50.0}, 100), "prefill_ms");
+  CHECK_INVALID(tailbatch::streaming_latency({0.0, 0.0, 50.0}, 100), "first_token_ms");
+}

@@ -644,4 +644,46 @@ struct InstancePlan {
   return p;
 }
 
+// ---- streaming: what a client of a generative model perceives -----------------------
+
+// How a generative model produces an answer: the latency field guide's Example 2 terms.
+struct GenerationProfile {
+  double prefill_ms = 0.0;      // prompt processing before decoding starts
+  double first_token_ms = 0.0;  // from the end of prefill until the first token is ready
+  double tokens_per_s = 0.0;    // the decode rate after the first token, per sequence
+};
+
+// The two latencies a client perceives for one answer.
+struct StreamingLatency {
+  double time_to_first_token_ms = 0.0;  // prefill + first token: when a streaming client sees content
+  double inter_token_ms = 0.0;          // 1000 / tokens_per_s
+  double total_ms = 0.0;                // time to first token + (tokens − 1) × inter-token time:
+                                        // when a client that waits for the whole answer sees it
+  double streaming_speedup = 1.0;       // total / time to first token
+};
+
+// The latency field guide's Example 2 arithmetic: an answer of `tokens` tokens, the first
+// after prefill + first_token, the rest at tokens_per_s. 120 ms + 80 ms, 50 tokens/s, 100
+// tokens: the first token at 200 ms, the whole answer at 200 + 99 × 20 = 2180 ms, 10.9x
+// later. Throws std::invalid_argument naming the field if a time is negative or not
+// finite, tokens_per_s <= 0 or not finite, tokens < 1, or the time to first token is 0.
+// Allocates only for the exception's message. Thread-safe.
+[[nodiscard]] inline StreamingLatency streaming_latency(const GenerationProfile& g, std::int64_t tokens) {
+  if (!(std::isfinite(g.prefill_ms) && g.prefill_ms >= 0.0))
+    throw std::invalid_argument("GenerationProfile: prefill_ms must be >= 0");
+  if (!(std::isfinite(g.first_token_ms) && g.first_token_ms >= 0.0))
+    throw std::invalid_argument("GenerationProfile: first_token_ms must be >= 0");
+  if (!(g.prefill_ms + g.first_token_ms > 0.0))
+    throw std::invalid_argument("GenerationProfile: prefill_ms + first_token_ms must be > 0");
+  if (!(std::isfinite(g.tokens_per_s) && g.tokens_per_s > 0.0))
+    throw std::invalid_argument("GenerationProfile: tokens_per_s must be > 0");
+  if (tokens < 1) throw std::invalid_argument("streaming_latency: tokens must be >= 1");
+  StreamingLatency l;
+  l.time_to_first_token_ms = g.prefill_ms + g.first_token_ms;
+  l.inter_token_ms = 1000.0 / g.tokens_per_s;
+  l.total_ms = l.time_to_first_token_ms + static_cast<double>(tokens - 1) * l.inter_token_ms;
+  l.streaming_speedup = l.total_ms / l.time_to_first_token_ms;
+  return l;
+}
+
 }  // namespace tailbatch
