@@ -8,15 +8,15 @@
 //     tailbatch-plan --instance-rps 350 --p95-ms 120 --target-rps 2000 --headroom 0.3
 //
 // Prints a table, or JSON with --json. Exit status: 0 with a recommendation, 1 for bad
-// arguments (with a message saying which), 3 when no candidate meets the SLO.
+// arguments (with a message naming the flag: a number that is not one, an empty value, a
+// missing --profile file) or a count beyond the planner's range, 3 when no candidate
+// meets the SLO.
 #include <tailbatch/planner.hpp>
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
-#include <limits>
-#include <stdexcept>
-
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdint>
@@ -25,8 +25,10 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
