@@ -8,17 +8,30 @@
 //     tailbatch-plan --instance-rps 350 --p95-ms 120 --target-rps 2000 --headroom 0.3
 //
 // Prints a table, or JSON with --json. Exit status: 0 with a recommendation, 1 for bad
-// arguments (with a message saying which), 3 when no candidate meets the SLO.
+// arguments (with a message naming the flag: a number that is not one, an empty value, a
+// missing --profile file) or a count beyond the planner's range, 3 when no candidate
+// meets the SLO.
 #include <tailbatch/planner.hpp>
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <vector>
 
 namespace {
@@ -41,7 +54,7 @@ std::string json_escape(const std::string& s) {
 }
 
 std::string json_number(double v) { return fmt::format("{:.6g}", v); }
-std::string json_opt(const std::optional<int>& v) { return v ? std::to_string(*v) : "null"; }
+std::string json_opt(const std::optional<std::int64_t>& v) { return v ? std::to_string(*v) : "null"; }
 std::string json_opt(const std::optional<double>& v) { return v ? json_number(*v) : "null"; }
 
 std::string candidate_json(const tailbatch::BatchPlan& c) {
@@ -190,12 +203,81 @@ void print_instance(const tailbatch::InstanceMeasurement& m, const tailbatch::In
   fmt::print("why: {}\n", p.reason);
 }
 
+// A flag's value that cannot be used: the message names the flag.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// --profile is a file when one exists at that path; otherwise the inline form
+// "1:20,8:41", which always has a ':' and never a '/'. Anything else is a file that is
+// missing, and the message says so.
 std::string read_profile_text(const std::string& arg) {
+  if (arg.empty()) throw UsageError("--profile: the value is empty: give batch:ms pairs (1:20,8:41) or a file");
+  std::error_code ec;
+  const bool exists = std::filesystem::exists(arg, ec);
+  if (!exists && arg.find(':') != std::string::npos && arg.find('/') == std::string::npos) return arg;
+  if (!exists) {
+    throw UsageError("--profile: no such file: " + arg +
+                       " (an inline table is written as batch:ms pairs, as in 1:20,8:41)");
+  }
+  if (std::filesystem::is_directory(arg, ec)) throw UsageError("--profile: " + arg + " is a directory, not a file");
   std::ifstream in(arg);
-  if (!in) return arg;  // not a file: the inline form "1:20,8:41"
+  if (!in) throw UsageError("--profile: cannot open " + arg + ": " + std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
+  if (in.bad()) throw UsageError("--profile: cannot read " + arg);
   return ss.str();
+}
+
+// CLI11 converts an empty value to 0 and accepts "0x10" as 16: every numeric flag is
+// checked first, so that "" and "abc" are reported as what they are.
+CLI::Validator number_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text.empty()) return "the value is empty: give a number";
+        double v = 0;
+        const char* b = text.data() + (text.front() == '+' ? 1 : 0);
+        auto [ptr, ec] = std::from_chars(b, text.data() + text.size(), v);
+        if (ptr != text.data() + text.size() || ec == std::errc::invalid_argument)
+          return "\"" + text + "\" is not a number";
+        if (ec == std::errc::result_out_of_range) return "\"" + text + "\" is out of the range of a double";
+        return {};
+      },
+      "NUMBER");
+}
+
+CLI::Validator whole_number_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text.empty()) return "the value is empty: give a whole number";
+        long long v = 0;
+        const char* b = text.data() + (text.front() == '+' ? 1 : 0);
+        auto [ptr, ec] = std::from_chars(b, text.data() + text.size(), v);
+        if (ptr != text.data() + text.size() || ec == std::errc::invalid_argument)
+          return "\"" + text + "\" is not a whole number";
+        if (ec == std::errc::result_out_of_range || v < std::numeric_limits<int>::min() ||
+            v > std::numeric_limits<int>::max())
+          return "\"" + text + "\" is out of range (at most " + std::to_string(std::numeric_limits<int>::max()) + ")";
+        return {};
+      },
+      "INT");
+}
+
+// "8,16,32" -> {8, 16, 32}. CLI11's own splitting drops empty items ("8,,16"); this says
+// which item is wrong instead.
+std::vector<int> parse_preferred(const std::string& text) {
+  std::vector<int> sizes;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t end = std::min(text.find(',', begin), text.size());
+    std::string item = text.substr(begin, end - begin);
+    std::string why = whole_number_check()(item);
+    if (!why.empty()) throw UsageError("--preferred: item " + std::to_string(sizes.size() + 1) + " of \"" + text + "\": " + why);
+    sizes.push_back(std::stoi(item));
+    if (end == text.size()) break;
+    begin = end + 1;
+  }
+  return sizes;
 }
 
 }  // namespace
@@ -211,29 +293,42 @@ int main(int argc, char** argv) {
   bool json = false, all = false;
   tailbatch::InstanceMeasurement inst;
 
-  auto* base_opt = app.add_option("--base-ms", base_ms, "model time at batch 1, ms");
-  auto* per_opt = app.add_option("--per-item-ms", per_item_ms, "model time per extra item, ms");
+  auto* base_opt = app.add_option("--base-ms", base_ms, "model time at batch 1, ms")->check(number_check());
+  auto* per_opt = app.add_option("--per-item-ms", per_item_ms, "model time per extra item, ms")->check(number_check());
   auto* prof_opt = app.add_option("--profile", profile_arg,
                                   "measured batch:ms table, inline (1:20,8:41,16:65) or a file "
                                   "with one 'batch ms' pair per line");
   auto* net_opt = app.add_option("--network-ms", cfg.network_ms, "network and serialization per request, ms")
+                      ->check(number_check())
                       ->capture_default_str();
   auto* win_opt = app.add_option("--window-ms", cfg.window_ms, "batch window, added when batch > 1, ms")
+                      ->check(number_check())
                       ->capture_default_str();
-  app.add_option("--streams", cfg.streams, "streams (lanes) per instance")->capture_default_str();
+  app.add_option("--streams", cfg.streams, "streams (lanes) per instance")
+      ->check(whole_number_check())
+      ->capture_default_str();
   auto* tail_opt = app.add_option("--tail", cfg.tail, "tail inflation: p95 = tail x per-request time")
+                       ->check(number_check())
                        ->capture_default_str();
-  auto* slo_opt = app.add_option("--slo-p95-ms", slo, "p95 SLO, ms");
-  auto* target_opt = app.add_option("--target-rps", target, "load to serve, requests per second");
-  app.add_option("--headroom", cfg.headroom, "spare capacity fraction for replicas")->capture_default_str();
-  auto* max_opt = app.add_option("--max-batch", cfg.max_batch, "largest batch size considered")->capture_default_str();
-  auto* pref_opt = app.add_option("--preferred", cfg.preferred, "only these batch sizes, e.g. 8,16,32")
-                       ->delimiter(',');
+  auto* slo_opt = app.add_option("--slo-p95-ms", slo, "p95 SLO, ms")->check(number_check());
+  auto* target_opt =
+      app.add_option("--target-rps", target, "load to serve, requests per second")->check(number_check());
+  app.add_option("--headroom", cfg.headroom, "spare capacity fraction for replicas")
+      ->check(number_check())
+      ->capture_default_str();
+  auto* max_opt = app.add_option("--max-batch", cfg.max_batch, "largest batch size considered")
+                      ->check(whole_number_check())
+                      ->capture_default_str();
+  std::string preferred_arg;
+  auto* pref_opt = app.add_option("--preferred", preferred_arg, "only these batch sizes, e.g. 8,16,32");
   auto* inst_opt = app.add_option("--instance-rps", inst.instance_rps,
-                                  "second mode: one instance's measured throughput, rps");
-  auto* p95_opt = app.add_option("--p95-ms", inst.p95_ms, "second mode: that instance's p95, ms");
+                                  "second mode: one instance's measured throughput, rps")
+                       ->check(number_check());
+  auto* p95_opt =
+      app.add_option("--p95-ms", inst.p95_ms, "second mode: that instance's p95, ms")->check(number_check());
   auto* bs_opt = app.add_option("--batch-size", inst.batch_size,
-                                "second mode: its batch size (the in-flight cap stays >= batch x streams)");
+                                "second mode: its batch size (the in-flight cap stays >= batch x streams)")
+                     ->check(whole_number_check());
   app.add_flag("--json", json, "print JSON instead of a table");
   app.add_flag("--all", all, "print every candidate in the table");
 
@@ -276,6 +371,7 @@ int main(int argc, char** argv) {
                  "Run with --help for more information.\n");
       return 1;
     }
+    if (*pref_opt) cfg.preferred = parse_preferred(preferred_arg);
     if (*slo_opt) cfg.slo_p95_ms = slo;
     if (*target_opt) cfg.target_rps = target;
     auto plan = tailbatch::plan_capacity(cfg);
@@ -286,7 +382,7 @@ int main(int argc, char** argv) {
       return 3;
     }
     return 0;
-  } catch (const std::invalid_argument& e) {
+  } catch (const std::exception& e) {  // std::invalid_argument from the planner, UsageError
     fmt::print(stderr, "tailbatch-plan: error: {}\n", e.what());
     return 1;
   }

@@ -71,6 +71,60 @@ tailbatch_cli_test(plan_conflicting_modes tailbatch-plan RC nonzero
 tailbatch_cli_test(plan_slo_unreachable tailbatch-plan RC 3
   ARGS --base-ms 20 --slo-p95-ms 10 EXPECT "no candidate meets the SLO")
 
+# Counts past INT_MAX are printed exactly; counts past 2^53 - 1 (or infinite) are refused
+# with a message; none ever wraps to a negative number.
+tailbatch_cli_test(plan_huge_target tailbatch-plan RC 0
+  ARGS --base-ms 20 --target-rps 1e12 --all
+  EXPECT "312500000 replicas [(]406250000 with headroom[)]"
+         "     1 .* 20000000000 +26000000000 "
+  FORBID "-[0-9]+ replicas" " -[0-9]+ " "-2147483648")
+tailbatch_cli_test(plan_huge_target_json tailbatch-plan RC 0
+  ARGS --base-ms 20 --target-rps 1e12 --json
+  EXPECT "{\"batch_size\": 1, [^}]*\"replicas\": 20000000000, \"replicas_with_headroom\": 26000000000,"
+  FORBID "-2147483648" "\"replicas[a-z_]*\": -")
+tailbatch_cli_test(plan_tiny_instance tailbatch-plan RC 1
+  ARGS --instance-rps 1e-300 --p95-ms 100 --target-rps 10
+  EXPECT "error: replicas_for: .*more than the planner counts" FORBID "-2147483648")
+tailbatch_cli_test(plan_tiny_instance_json tailbatch-plan RC 1
+  ARGS --instance-rps 1e-300 --p95-ms 100 --target-rps 10 --json
+  EXPECT "error: replicas_for: .*more than the planner counts" FORBID "-2147483648" "\"mode\"")
+tailbatch_cli_test(plan_huge_headroom tailbatch-plan RC 1
+  ARGS --base-ms 20 --target-rps 100 --headroom 1e308
+  EXPECT "error: replicas_for: .*headroom 1e[+]308.*more than the planner counts" FORBID "-2147483648")
+tailbatch_cli_test(plan_huge_headroom_json tailbatch-plan RC 1
+  ARGS --base-ms 20 --target-rps 100 --headroom 1e308 --json
+  EXPECT "more than the planner counts" FORBID "-2147483648" "\"mode\"")
+
+# Any --max-batch plans a bounded set of candidates, and the answer is the exact largest
+# size that meets the SLO. The timeout only catches a hang; the unit test checks the bound.
+tailbatch_cli_test(plan_max_batch_int_max tailbatch-plan RC 0
+  ARGS --base-ms 20 --per-item-ms 0.000001 --network-ms 5 --window-ms 8 --slo-p95-ms 150
+       --max-batch 2147483647 --json
+  EXPECT "\"recommended\": {\"batch_size\": 9200000[0-9]," "{\"batch_size\": 2147483647,")
+tailbatch_cli_test(plan_max_batch_10m tailbatch-plan RC 0
+  ARGS --base-ms 20 --per-item-ms 0.001 --max-batch 10000000
+  EXPECT "recommended [(][*][)]: batch 10000000,")
+set_tests_properties(cli_plan_max_batch_int_max cli_plan_max_batch_10m PROPERTIES TIMEOUT 30)
+
+# Flags whose values cannot be used: a message naming the flag and the problem, exit 1.
+tailbatch_cli_test(plan_profile_missing tailbatch-plan RC 1
+  ARGS --profile /nonexistent EXPECT "--profile: no such file: /nonexistent" FORBID "no batch:ms pairs")
+tailbatch_cli_test(plan_profile_missing_relative tailbatch-plan RC 1
+  ARGS --profile profile.csv EXPECT "--profile: no such file: profile.csv")
+# (A ctest cannot pass an empty argument; "--flag=" is how one is typed by mistake.)
+tailbatch_cli_test(plan_profile_empty tailbatch-plan RC 1
+  ARGS --profile= EXPECT "--profile: 1 required TEXT missing")
+tailbatch_cli_test(plan_target_not_a_number tailbatch-plan RC 1
+  ARGS --base-ms 20 --target-rps abc EXPECT "--target-rps: \"abc\" is not a number")
+tailbatch_cli_test(plan_empty_number tailbatch-plan RC 1
+  ARGS --base-ms= EXPECT "--base-ms: 1 required FLOAT:NUMBER missing")
+tailbatch_cli_test(plan_empty_streams tailbatch-plan RC 1
+  ARGS --base-ms 20 --streams= EXPECT "--streams: 1 required INT:INT missing" FORBID "streams must be >= 1")
+tailbatch_cli_test(plan_max_batch_out_of_range tailbatch-plan RC 1
+  ARGS --base-ms 20 --max-batch 2147483648 EXPECT "--max-batch: \"2147483648\" is out of range")
+tailbatch_cli_test(plan_preferred_empty_item tailbatch-plan RC 1
+  ARGS --base-ms 20 --preferred 8,,16 EXPECT "--preferred: item 2 of \"8,,16\": the value is empty")
+
 # ---- tailbatch-load ----------------------------------------------------------------------
 # A fast synthetic model (2 ms + 0.5 ms per extra item) and short runs: each test takes
 # about a second or two.
@@ -108,9 +162,11 @@ tailbatch_cli_test(load_cap_starves_batcher tailbatch-load RC nonzero
   ARGS --rate 10 --max-in-flight 4 --max-batch 16 --lanes 2 --quiet EXPECT "admission limit is below")
 
 # ---- before_after_demo -------------------------------------------------------------------
-# The flagship demo in its short form (about 15 s): it runs, measures both setups, and
-# prints a verdict computed from its measurements (which verdict depends on the machine).
-tailbatch_cli_test(demo_quick before_after_demo RC 0
+# A smoke test of the flagship demo in its short form (about 15 s): it runs, measures both
+# setups, and prints a verdict computed from its measurements. Which verdict depends on
+# the machine, so MET and NOT MET both pass: the test checks that the demo works, not
+# that batching wins here.
+tailbatch_cli_test(demo_quick_smoke before_after_demo RC 0
   ARGS --quick --out plots
   EXPECT "BEFORE: batching off"
          "AFTER: dynamic batching"

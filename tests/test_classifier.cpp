@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <tailbatch/reference/classifier.hpp>
+#include <tailbatch/reference/classifier_model.hpp>
 
 #include "tailbatch_test.hpp"
 
@@ -216,16 +217,96 @@ TEST_CASE("weights are a function of the seed alone") {
   CHECK(wa.w1.size() == std::size_t{64} * 1024);
 }
 
-TEST_CASE("tokens past max_tokens are ignored and empty requests are valid") {
-  const Classifier model(small_config());
+TEST_CASE("a request longer than max_tokens is read up to max_tokens and flagged truncated") {
+  const Classifier model(small_config());  // max_tokens 48
+  CHECK(model.config().long_input == LongInput::truncate);  // the default
   ClassifierWorkspace ws;
   std::vector<std::uint32_t> long_request(100);
   for (std::size_t i = 0; i < long_request.size(); ++i) long_request[i] = static_cast<std::uint32_t>(i * 7 % 2048);
   const std::span<const std::uint32_t> first(long_request.data(), 48);
-  CHECK(same_bits(alone(model, long_request, ws), alone(model, first, ws)));
+  const std::span<const std::uint32_t> one_more(long_request.data(), 49);
+
+  const Prediction cut = alone(model, long_request, ws);
+  const Prediction exact = alone(model, first, ws);
+  CHECK(same_bits(cut, exact));  // the first 48 tokens are what the model reads
+  CHECK(cut.truncated);
+  CHECK_FALSE(exact.truncated);  // exactly max_tokens is not truncated
+  CHECK(alone(model, one_more, ws).truncated);
+  CHECK(model.truncated_requests() == 2);
+
+  // In a batch, only the long requests are flagged and counted.
+  const std::vector<std::span<const std::uint32_t>> batch = {first, long_request, {}, one_more, first};
+  const std::vector<Prediction> got = run(model, batch, ws);
+  CHECK_FALSE(got[0].truncated);
+  CHECK(got[1].truncated);
+  CHECK_FALSE(got[2].truncated);
+  CHECK(got[3].truncated);
+  CHECK_FALSE(got[4].truncated);
+  CHECK(model.truncated_requests() == 4);
+
+  CHECK(model.reference_forward(long_request).truncated);
+  CHECK_FALSE(model.reference_forward(first).truncated);
+  CHECK(model.truncated_requests() == 4);  // the double-precision check does not count
+
   const Prediction empty = alone(model, {}, ws);
   CHECK(std::isfinite(empty.logits[0]));
   CHECK(empty.label == Sentiment::neutral);
+  CHECK_FALSE(empty.truncated);
+}
+
+TEST_CASE("a text of more words than max_tokens is flagged, through classify and the Pipeline adapter") {
+  const Classifier model(small_config());  // max_tokens 48
+  std::string words_48, words_49, words_200;
+  for (int i = 0; i < 200; ++i) {
+    const std::string w = (i % 3 == 0 ? "great " : "word" + std::to_string(i) + " ");
+    if (i < 48) words_48 += w;
+    if (i < 49) words_49 += w;
+    words_200 += w;
+  }
+  // The model's tokenizer keeps one id past max_tokens: that is how a long text is told.
+  CHECK(model.tokenizer().tokenize(words_200).size() == 49);
+  CHECK(model.tokenizer().tokenize(words_48).size() == 48);
+
+  const Prediction p48 = model.classify(words_48);
+  const Prediction p49 = model.classify(words_49);
+  const Prediction p200 = model.classify(words_200);
+  CHECK_FALSE(p48.truncated);
+  CHECK(p49.truncated);
+  CHECK(p200.truncated);
+  CHECK(same_bits(p200, p48));  // what was read: the first 48 words
+  CHECK(model.truncated_requests() == 2);
+
+  const ClassifierModel adapter(model);
+  const std::vector<std::string> texts = {words_48, words_200, "awful, boring plot"};
+  std::vector<Prediction> out(texts.size());
+  adapter.run_on_cpu(texts, out);
+  CHECK_FALSE(out[0].truncated);
+  CHECK(out[1].truncated);
+  CHECK_FALSE(out[2].truncated);
+  CHECK(model.truncated_requests() == 3);
+}
+
+TEST_CASE("LongInput::reject refuses a request longer than max_tokens before computing anything") {
+  ClassifierConfig c = small_config();
+  c.long_input = LongInput::reject;
+  const Classifier model(c);
+  ClassifierWorkspace ws;
+  const std::vector<std::uint32_t> ok(48, 7), too_long(49, 7);
+  CHECK_FALSE(alone(model, ok, ws).truncated);
+  const std::vector<std::span<const std::uint32_t>> batch = {ok, too_long};
+  std::vector<Prediction> out(2);
+  try {
+    model.forward(batch, out, ws);
+    FAIL("no exception");
+  } catch (const std::length_error& e) {
+    CHECK(std::string(e.what()).find("request 1 has more than max_tokens (48)") != std::string::npos);
+  }
+  CHECK_THROWS_AS((void)model.reference_forward(too_long), std::length_error);
+  std::string text;
+  for (int i = 0; i < 60; ++i) text += "word ";
+  CHECK_THROWS_AS((void)model.classify(text), std::length_error);
+  CHECK(model.truncated_requests() == 0);
+  CHECK(to_string(LongInput::reject) == "reject");
 }
 
 TEST_CASE("bad configuration and bad input throw") {

@@ -1,6 +1,8 @@
 // The capacity planner against the guide's worked examples and exercise, figure by figure.
 #include <tailbatch/planner.hpp>
 
+#include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -282,4 +284,133 @@ TEST_CASE("Replica and in-flight rounding", "[planner]") {
   CHECK(tailbatch::suggested_max_in_flight(3.0) == 4);    // small caps keep their precision
   CHECK(tailbatch::suggested_max_in_flight(3.0, 32) == 32);  // never below batch × streams
   CHECK(tailbatch::littles_law_concurrency(350.0, 120.0) == Approx(42.0));
+}
+
+TEST_CASE("Huge counts are exact or refused, never wrapped to a negative number", "[planner][overflow]") {
+  // 1e12 rps on 3200-rps instances: 312 500 000 replicas, counted exactly.
+  CHECK(tailbatch::replicas_for(1e12, 3200.0) == 312'500'000);
+  CHECK(tailbatch::replicas_for(1e12, 50.0) == 20'000'000'000);  // beyond INT_MAX, still exact
+  // Beyond 2^53 - 1, or not finite: a clear error naming the inputs.
+  CHECK_INVALID(tailbatch::replicas_for(10.0, 1e-300), "instance_rps");
+  CHECK_INVALID(tailbatch::replicas_for(10.0, 1e-300), "more than the planner counts");
+  CHECK_INVALID(tailbatch::replicas_for(100.0, 3200.0, 1e308), "headroom");
+  CHECK_INVALID(tailbatch::replicas_for(1e300, 1.0), "target_rps");
+  CHECK(tailbatch::suggested_max_in_flight(1e12) == 1'100'000'000'000);
+  CHECK_INVALID(tailbatch::suggested_max_in_flight(1e300), "more than the planner counts");
+  CHECK_INVALID(tailbatch::suggested_max_in_flight(std::numeric_limits<double>::infinity()), "concurrency");
+  CHECK(tailbatch::suggested_max_in_flight(1.0, std::int64_t{3'000'000'000}) == 3'000'000'000);
+
+  // Through the planner: a huge target gives huge, positive, exact counts.
+  PlannerConfig c;
+  c.profile = LatencyProfile::linear(20.0, 0.0);
+  c.target_rps = 1e12;
+  auto plan = tailbatch::plan_capacity(c);
+  for (const auto& cand : plan.candidates) {
+    REQUIRE(cand.replicas.has_value());
+    CHECK(*cand.replicas >= 1);
+    CHECK(*cand.replicas_with_headroom >= *cand.replicas);
+  }
+  CHECK(*at(plan, 1).replicas == 20'000'000'000);         // 1e12 / 50 rps
+  CHECK(*at(plan, 1).replicas_with_headroom == 26'000'000'000);
+  CHECK(plan.reason.find("-2147483648") == std::string::npos);
+
+  c.headroom = 1e308;  // finite, but target × (1 + headroom) is not
+  CHECK_INVALID(tailbatch::plan_capacity(c), "more than the planner counts");
+
+  tailbatch::InstanceMeasurement m{1e-300, 100.0, 10.0, 0.3, 1, 1};
+  CHECK_INVALID(tailbatch::plan_from_instance(m), "more than the planner counts");
+  m = {350.0, 120.0, 2000.0, 1e308, 1, 1};
+  CHECK_INVALID(tailbatch::plan_from_instance(m), "more than the planner counts");
+}
+
+namespace {
+// The figures of every size in [lo, hi] by brute force, for checking the sparse candidates.
+int brute_force_last_meeting_slo(const PlannerConfig& c, int lo, int hi) {
+  int last = 0;
+  for (int b = lo; b <= hi; ++b)
+    if (tailbatch::plan_batch(c, b).meets_slo) last = b;
+  return last;
+}
+}  // namespace
+
+TEST_CASE("A huge max_batch plans a bounded set of candidates with the exact answer",
+          "[planner][max_batch]") {
+  // 33 ms + 1 ns per extra item, p95 = 1.2 x request <= 150 ms: the SLO holds up to
+  // b - 1 <= 92e6, i.e. batch 92 000 001 (give or take the rounding of doubles).
+  PlannerConfig c;
+  c.profile = LatencyProfile::linear(20.0, 1e-6);
+  c.network_ms = 5.0;
+  c.window_ms = 8.0;
+  c.slo_p95_ms = 150.0;
+  for (int max_batch : {10'000'000, 100'000'000, std::numeric_limits<int>::max()}) {
+    INFO("max_batch " << max_batch);
+    c.max_batch = max_batch;
+    c.target_rps.reset();
+    auto plan = tailbatch::plan_capacity(c);
+    CHECK(plan.candidates.size() <= 2000);  // about 1500 at most, whatever max_batch is
+    CHECK(plan.candidates.front().batch_size == 1);
+    CHECK(plan.candidates.back().batch_size == max_batch);
+    for (std::size_t i = 1; i < plan.candidates.size(); ++i)
+      CHECK(plan.candidates[i - 1].batch_size < plan.candidates[i].batch_size);
+    REQUIRE(plan.recommendation() != nullptr);
+    const int rec = plan.recommendation()->batch_size;
+    if (max_batch == 10'000'000) {
+      CHECK(rec == max_batch);  // every size meets the SLO; throughput grows with the batch
+    } else {
+      // The largest size that meets the SLO, exactly: it does, the next one does not.
+      CHECK(rec > 91'000'000);
+      CHECK(rec < 93'000'000);
+      CHECK(tailbatch::plan_batch(c, rec).meets_slo);
+      CHECK_FALSE(tailbatch::plan_batch(c, rec + 1).meets_slo);
+      CHECK(brute_force_last_meeting_slo(c, rec - 1000, rec + 1000) == rec);
+      CHECK(plan.reason.find("batch " + std::to_string(rec + 1) + " would estimate") != std::string::npos);
+    }
+
+    // With a target: the smallest size needing no more replicas is found exactly, too.
+    c.target_rps = 1e9;
+    plan = tailbatch::plan_capacity(c);
+    CHECK(plan.candidates.size() <= 2000);
+    REQUIRE(plan.recommendation() != nullptr);
+    const auto& r = *plan.recommendation();
+    REQUIRE(plan.same_replicas_lower_p95.has_value());
+    const auto& alt = plan.candidates[*plan.same_replicas_lower_p95];
+    CHECK(alt.batch_size < r.batch_size);
+    CHECK(*alt.replicas_with_headroom <= *r.replicas_with_headroom);
+    CHECK(*tailbatch::plan_batch(c, alt.batch_size - 1).replicas_with_headroom > *r.replicas_with_headroom);
+  }
+}
+
+TEST_CASE("Up to 1024, every batch size is a candidate", "[planner][max_batch]") {
+  auto c = example1();
+  c.max_batch = tailbatch::dense_candidate_limit;
+  auto plan = tailbatch::plan_capacity(c);
+  CHECK(plan.candidates.size() == static_cast<std::size_t>(tailbatch::dense_candidate_limit));
+  c.max_batch = tailbatch::dense_candidate_limit + 1;
+  CHECK(tailbatch::plan_capacity(c).candidates.size() == static_cast<std::size_t>(tailbatch::dense_candidate_limit) + 1);
+  REQUIRE(plan.recommendation() != nullptr);
+  CHECK(plan.recommendation()->batch_size == 31);  // Example 1's answer is unchanged
+}
+
+TEST_CASE("Example 2: streaming shows content after 200 ms, the whole answer takes 2.18 s",
+          "[planner][guide][streaming]") {
+  // An LLM: prompt processing ≈ 120 ms, the first token ≈ 80 ms after that, then 50 tokens/s;
+  // a 100-token answer.
+  const tailbatch::GenerationProfile llm{.prefill_ms = 120.0, .first_token_ms = 80.0, .tokens_per_s = 50.0};
+  const auto l = tailbatch::streaming_latency(llm, 100);
+  CHECK(l.time_to_first_token_ms == Approx(200.0));      // streaming: content after ≈ 200 ms
+  CHECK(l.inter_token_ms == Approx(20.0));
+  CHECK(l.total_ms == Approx(120.0 + 80.0 + 1980.0));    // non-streaming: 120 + 80 + 99/50 s ≈ 2.18 s
+  CHECK(l.total_ms - l.time_to_first_token_ms == Approx(1980.0));  // "then content flows for ~2 s"
+  CHECK(l.streaming_speedup == Approx(10.9));            // "an order of magnitude"
+  CHECK(l.streaming_speedup >= 10.0);
+
+  // One token: both clients wait the same; longer answers widen the gap linearly.
+  CHECK(tailbatch::streaming_latency(llm, 1).total_ms == Approx(200.0));
+  CHECK(tailbatch::streaming_latency(llm, 1).streaming_speedup == Approx(1.0));
+  CHECK(tailbatch::streaming_latency(llm, 1001).total_ms == Approx(200.0 + 1000 * 20.0));
+
+  CHECK_INVALID(tailbatch::streaming_latency(llm, 0), "tokens");
+  CHECK_INVALID(tailbatch::streaming_latency({120.0, 80.0, 0.0}, 100), "tokens_per_s");
+  CHECK_INVALID(tailbatch::streaming_latency({-1.0, 80.0, 50.0}, 100), "prefill_ms");
+  CHECK_INVALID(tailbatch::streaming_latency({0.0, 0.0, 50.0}, 100), "first_token_ms");
 }

@@ -17,6 +17,10 @@
 //   concurrency     = instance_rps × p95                     (Little's law, sized for the tail)
 //   max_in_flight   = max(1.1 × concurrency rounded up to 1, 5 or 10, b × streams)
 //
+// Counts (replicas, in-flight caps) are std::int64_t and at most max_planned_count
+// (2^53 − 1, the largest whole number a double and a JSON reader hold exactly); a figure
+// beyond it, or not finite, throws std::invalid_argument naming the inputs, never wraps.
+//
 // Everything here is plain arithmetic on doubles in milliseconds and requests per second:
 // no clocks, no threads, no global state. Functions are pure; every type is a value type.
 #pragma once
@@ -25,6 +29,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <optional>
 #include <span>
@@ -36,6 +41,15 @@
 #include <vector>
 
 namespace tailbatch {
+
+// The largest replica count or in-flight cap the planner reports: 2^53 − 1, the largest
+// whole number that a double (the planner's arithmetic) and a JSON reader hold exactly.
+// A plan that needs more throws std::invalid_argument rather than wrap or round.
+inline constexpr std::int64_t max_planned_count = (std::int64_t{1} << 53) - 1;
+
+// Every batch size up to this is a candidate when plan_capacity enumerates a linear
+// profile; above it the candidates thin out geometrically (see plan_capacity).
+inline constexpr int dense_candidate_limit = 1024;
 
 // One measured point of a latency profile: the model's time for a batch of batch_size.
 struct ProfilePoint {
@@ -258,10 +272,10 @@ struct BatchPlan {
   double p95_ms = 0.0;       // tail × request_ms
   double stream_rps = 0.0;   // batch_size / request_ms
   double instance_rps = 0.0; // streams × stream_rps
-  std::optional<int> replicas;                // ceil(target / instance_rps); unset without a target
-  std::optional<int> replicas_with_headroom;  // ceil(target × (1 + headroom) / instance_rps)
+  std::optional<std::int64_t> replicas;                // ceil(target / instance_rps); unset without a target
+  std::optional<std::int64_t> replicas_with_headroom;  // ceil(target × (1 + headroom) / instance_rps)
   double concurrency = 0.0;  // Little's law: instance_rps × p95 (requests in flight per instance)
-  int max_in_flight = 1;     // suggested in-flight cap per instance (see suggested_max_in_flight)
+  std::int64_t max_in_flight = 1;  // suggested in-flight cap per instance (see suggested_max_in_flight)
   bool meets_slo = true;     // p95_ms <= slo (true when there is no SLO)
 };
 
@@ -284,18 +298,28 @@ struct CapacityPlan {
 
 // Replicas for a target load: ceil(target × (1 + headroom) / instance_rps), at least 1.
 // A hair of tolerance keeps 2000 × 1.3 / 325 from becoming 9 through rounding error.
-// Throws std::invalid_argument if instance_rps <= 0, target_rps < 0 or headroom < 0.
-// Thread-safe.
-[[nodiscard]] inline int replicas_for(double target_rps, double instance_rps, double headroom = 0.0) {
+// Throws std::invalid_argument if instance_rps <= 0, target_rps < 0 or headroom < 0 (or
+// any is not finite), and, naming all three, if the count is not finite or exceeds
+// max_planned_count (a target of 1e12 rps on instances of 1e-300 rps is not a plan).
+// Allocates only for the exception's message. Thread-safe.
+[[nodiscard]] inline std::int64_t replicas_for(double target_rps, double instance_rps, double headroom = 0.0) {
   if (!(instance_rps > 0.0) || !std::isfinite(instance_rps))
     throw std::invalid_argument("replicas_for: instance_rps must be > 0");
   if (!(target_rps >= 0.0) || !std::isfinite(target_rps))
     throw std::invalid_argument("replicas_for: target_rps must be >= 0");
   if (!(headroom >= 0.0) || !std::isfinite(headroom))
     throw std::invalid_argument("replicas_for: headroom must be >= 0");
-  double need = target_rps * (1.0 + headroom) / instance_rps;
-  double r = std::ceil(need - 1e-9);
-  return static_cast<int>(std::max(1.0, r));
+  const double need = target_rps * (1.0 + headroom) / instance_rps;
+  const double r = std::max(1.0, std::ceil(need - 1e-9));
+  if (!(r <= static_cast<double>(max_planned_count))) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "replicas_for: target_rps %g x (1 + headroom %g) / instance_rps %g needs %g replicas, "
+                  "more than the planner counts (2^53 - 1): check target_rps, instance_rps and headroom",
+                  target_rps, headroom, instance_rps, need);
+    throw std::invalid_argument(buf);
+  }
+  return static_cast<std::int64_t>(r);
 }
 
 // Requests in flight by Little's law: throughput × latency. Never throws. Thread-safe.
@@ -308,12 +332,23 @@ struct CapacityPlan {
 // number below 10, a multiple of 5 below 100, of 10 from 100 — and never below `floor`:
 // pass batch_size × streams, because a cap under that starves the batcher (it could never
 // fill a batch on every stream). The guide's Example 3: 42 in flight → 46.2 → 50.
-// Never throws. Thread-safe.
-[[nodiscard]] inline int suggested_max_in_flight(double concurrency, int floor = 1) noexcept {
-  double raw = std::max(1.0, 1.1 * concurrency);
-  double step = raw <= 10.0 ? 1.0 : raw <= 100.0 ? 5.0 : 10.0;
-  double rounded = std::ceil(raw / step - 1e-9) * step;
-  return std::max(static_cast<int>(rounded), std::max(1, floor));
+// Throws std::invalid_argument if concurrency is negative or not finite, or the cap would
+// exceed max_planned_count. Allocates only for the exception's message. Thread-safe.
+[[nodiscard]] inline std::int64_t suggested_max_in_flight(double concurrency, std::int64_t floor = 1) {
+  if (!(concurrency >= 0.0) || !std::isfinite(concurrency))
+    throw std::invalid_argument("suggested_max_in_flight: concurrency must be finite and >= 0");
+  const double raw = std::max(1.0, 1.1 * concurrency);
+  const double step = raw <= 10.0 ? 1.0 : raw <= 100.0 ? 5.0 : 10.0;
+  const double rounded = std::ceil(raw / step - 1e-9) * step;
+  if (!(rounded <= static_cast<double>(max_planned_count))) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "suggested_max_in_flight: %g requests in flight is more than the planner counts "
+                  "(2^53 - 1): check the throughput and latency",
+                  concurrency);
+    throw std::invalid_argument(buf);
+  }
+  return std::max({static_cast<std::int64_t>(rounded), floor, std::int64_t{1}});
 }
 
 namespace detail {
@@ -369,50 +404,147 @@ inline std::string format_number(double v, int decimals) {
     p.replicas_with_headroom = replicas_for(*config.target_rps, p.instance_rps, config.headroom);
   }
   p.concurrency = littles_law_concurrency(p.instance_rps, p.p95_ms);
-  p.max_in_flight = suggested_max_in_flight(p.concurrency, batch_size * config.streams);
+  p.max_in_flight = suggested_max_in_flight(
+      p.concurrency, static_cast<std::int64_t>(batch_size) * static_cast<std::int64_t>(config.streams));
   p.meets_slo = !config.slo_p95_ms || p.p95_ms <= *config.slo_p95_ms;
   return p;
 }
 
-// Plans every candidate batch size and recommends one.
+namespace detail {
+
+// The candidate sizes for a linear profile: every size up to dense_candidate_limit, then
+// each about 3 % above the last (b + b / 32), then max_batch itself. About 1500 sizes at
+// most, whatever max_batch is.
+inline std::vector<int> linear_candidate_sizes(int max_batch) {
+  std::vector<int> sizes;
+  for (int b = 1; b <= max_batch && b <= dense_candidate_limit; ++b) sizes.push_back(b);
+  for (std::int64_t b = dense_candidate_limit + dense_candidate_limit / 32; b < max_batch; b += b / 32)
+    sizes.push_back(static_cast<int>(b));
+  if (sizes.back() != max_batch) sizes.push_back(max_batch);
+  return sizes;
+}
+
+// The largest b in [lo, hi] for which holds(b) is true, given that it is true at lo and
+// true-then-false over the range. O(log(hi − lo)) calls.
+template <class Holds>
+int last_true(int lo, int hi, Holds holds) {
+  while (lo < hi) {
+    const int mid = lo + (hi - lo + 1) / 2;
+    if (holds(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Scans the candidates: the recommendation, the lowest p95, the first size over the SLO.
+struct CandidateScan {
+  std::optional<std::size_t> recommended;
+  std::size_t lowest_p95 = 0;
+  std::size_t over_slo = 0;
+  std::optional<std::size_t> first_over;
+  std::optional<std::size_t> same_replicas_lower_p95;
+};
+
+inline CandidateScan scan_candidates(const std::vector<BatchPlan>& cs, bool with_target) {
+  CandidateScan s;
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    const auto& c = cs[i];
+    if (c.p95_ms < cs[s.lowest_p95].p95_ms) s.lowest_p95 = i;
+    if (!c.meets_slo) {
+      ++s.over_slo;
+      if (!s.first_over) s.first_over = i;
+      continue;
+    }
+    if (!s.recommended || c.instance_rps > cs[*s.recommended].instance_rps) s.recommended = i;
+  }
+  if (with_target && s.recommended) {
+    const auto& rec = cs[*s.recommended];
+    for (std::size_t i = 0; i < *s.recommended; ++i) {
+      if (cs[i].meets_slo && cs[i].replicas_with_headroom <= rec.replicas_with_headroom) {
+        s.same_replicas_lower_p95 = i;
+        break;
+      }
+    }
+  }
+  return s;
+}
+
+}  // namespace detail
+
+// Plans the candidate batch sizes and recommends one.
 //
-// Candidates: config.preferred if given; otherwise every size 1..max_batch for the linear
-// model, or the measured sizes up to max_batch for a table. The recommendation is the
-// candidate with the highest instance throughput whose estimated p95 meets the SLO (the
-// smaller batch on an exact tie); with no SLO, the highest throughput. If no candidate
-// meets the SLO, `recommended` is unset and the reason names the candidate with the lowest
-// p95. Allocates. Throws std::invalid_argument naming the bad field. Thread-safe.
+// Candidates: config.preferred if given; the measured sizes up to max_batch for a table;
+// for the linear model, every size 1..max_batch up to dense_candidate_limit (1024), and
+// above it a geometric grid (each size about 3 % above the last) plus max_batch and the
+// sizes where the answer turns: the largest size whose p95 meets the SLO and the next one,
+// and the smallest size that needs no more replicas than the recommendation. The linear
+// model's p95 grows with the batch size and its throughput is monotonic above batch 1, so
+// these few sizes give the same recommendation as trying every size would, in time and
+// memory bounded whatever max_batch is (about 1500 candidates at most).
+//
+// The recommendation is the candidate with the highest instance throughput whose
+// estimated p95 meets the SLO (the smaller batch on an exact tie); with no SLO, the
+// highest throughput. If no candidate meets the SLO, `recommended` is unset and the
+// reason names the candidate with the lowest p95. Allocates. Throws std::invalid_argument
+// naming the bad field, or from replicas_for / suggested_max_in_flight when a count is
+// beyond max_planned_count. Thread-safe.
 [[nodiscard]] inline CapacityPlan plan_capacity(const PlannerConfig& config) {
   detail::check_planner_config(config);
   std::vector<int> sizes;
+  const bool enumerated = config.preferred.empty() && !config.profile.is_measured();
   if (!config.preferred.empty()) {
     sizes = config.preferred;
   } else if (config.profile.is_measured()) {
     for (const auto& pt : config.profile.points())
       if (pt.batch_size <= config.max_batch) sizes.push_back(pt.batch_size);
   } else {
-    for (int b = 1; b <= config.max_batch; ++b) sizes.push_back(b);
+    sizes = detail::linear_candidate_sizes(config.max_batch);
+    // Where the grid is sparse, add the last size whose p95 meets the SLO and the first
+    // that does not: p95 never falls as the batch grows (above batch 1, which pays no
+    // window), so a binary search finds them.
+    if (config.slo_p95_ms && config.max_batch > dense_candidate_limit) {
+      auto meets = [&](int b) { return config.tail * (config.profile.model_ms(b) + config.network_ms + config.window_ms) <=
+                                       *config.slo_p95_ms; };
+      if (meets(dense_candidate_limit)) {
+        const int last = detail::last_true(dense_candidate_limit, config.max_batch, meets);
+        sizes.push_back(last);
+        if (last < config.max_batch) sizes.push_back(last + 1);
+      }
+    }
   }
-  std::sort(sizes.begin(), sizes.end());
-  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  auto normalise = [](std::vector<int>& v) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+  };
+  normalise(sizes);
 
   CapacityPlan plan;
-  plan.candidates.reserve(sizes.size());
+  plan.candidates.reserve(sizes.size() + 1);
   for (int b : sizes) plan.candidates.push_back(plan_batch(config, b));
+  detail::CandidateScan scan = detail::scan_candidates(plan.candidates, config.target_rps.has_value());
 
-  std::size_t over_slo = 0;
-  std::optional<std::size_t> first_over;
-  for (std::size_t i = 0; i < plan.candidates.size(); ++i) {
-    const auto& c = plan.candidates[i];
-    if (c.p95_ms < plan.candidates[plan.lowest_p95].p95_ms) plan.lowest_p95 = i;
-    if (!c.meets_slo) {
-      ++over_slo;
-      if (!first_over) first_over = i;
-      continue;
+  // The smallest size needing no more replicas than the recommendation may lie between two
+  // grid sizes: search that gap (replicas never rise with the batch size there, since the
+  // throughput does not fall on the way to the recommendation) and plan it too.
+  if (enumerated && scan.same_replicas_lower_p95 && *scan.same_replicas_lower_p95 > 0 &&
+      plan.candidates[*scan.same_replicas_lower_p95].batch_size > dense_candidate_limit) {
+    const auto target = plan.candidates[*scan.recommended].replicas_with_headroom;
+    const int hi = plan.candidates[*scan.same_replicas_lower_p95].batch_size;
+    const int lo = plan.candidates[*scan.same_replicas_lower_p95 - 1].batch_size;
+    auto too_many = [&](int b) { return b == lo || plan_batch(config, b).replicas_with_headroom > target; };
+    const int first = detail::last_true(lo, hi, too_many) + 1;
+    if (first < hi) {
+      sizes.push_back(first);
+      normalise(sizes);
+      plan.candidates.clear();
+      for (int b : sizes) plan.candidates.push_back(plan_batch(config, b));
+      scan = detail::scan_candidates(plan.candidates, true);
     }
-    if (!plan.recommended || c.instance_rps > plan.candidates[*plan.recommended].instance_rps)
-      plan.recommended = i;
   }
+  plan.recommended = scan.recommended;
+  plan.lowest_p95 = scan.lowest_p95;
+  const std::size_t over_slo = scan.over_slo;
+  const std::optional<std::size_t> first_over = scan.first_over;
 
   using detail::format_number;
   const std::size_t n = plan.candidates.size();
@@ -446,17 +578,12 @@ inline std::string format_number(double v, int decimals) {
            format_number(*config.target_rps, 0) + " rps; " + std::to_string(*rec.replicas_with_headroom) +
            " with " + format_number(config.headroom * 100.0, 0) + " % headroom.";
   }
-  if (config.target_rps) {
-    for (std::size_t i = 0; i < *plan.recommended; ++i) {
-      const auto& c = plan.candidates[i];
-      if (c.meets_slo && c.replicas_with_headroom <= rec.replicas_with_headroom) {
-        plan.same_replicas_lower_p95 = i;
-        why += " Batch " + std::to_string(c.batch_size) + " needs the same " +
-               std::to_string(*c.replicas_with_headroom) + " replicas with headroom at a p95 of " +
-               format_number(c.p95_ms, 1) + " ms: the same cost for lower latency.";
-        break;
-      }
-    }
+  if (scan.same_replicas_lower_p95) {
+    plan.same_replicas_lower_p95 = scan.same_replicas_lower_p95;
+    const auto& c = plan.candidates[*scan.same_replicas_lower_p95];
+    why += " Batch " + std::to_string(c.batch_size) + " needs the same " +
+           std::to_string(*c.replicas_with_headroom) + " replicas with headroom at a p95 of " +
+           format_number(c.p95_ms, 1) + " ms: the same cost for lower latency.";
   }
   plan.reason = std::move(why);
   return plan;
@@ -477,10 +604,10 @@ struct InstancePlan {
   int batch_size = 1;
   double p95_ms = 0.0;
   double instance_rps = 0.0;
-  int replicas = 1;                // ceil(target / instance_rps)
-  int replicas_with_headroom = 1;  // ceil(target × (1 + headroom) / instance_rps)
-  double concurrency = 0.0;        // instance_rps × p95: requests in flight per instance
-  int max_in_flight = 1;           // suggested_max_in_flight(concurrency, batch_size × streams)
+  std::int64_t replicas = 1;                // ceil(target / instance_rps)
+  std::int64_t replicas_with_headroom = 1;  // ceil(target × (1 + headroom) / instance_rps)
+  double concurrency = 0.0;                 // instance_rps × p95: requests in flight per instance
+  std::int64_t max_in_flight = 1;           // suggested_max_in_flight(concurrency, batch_size × streams)
   std::string reason;
 };
 
@@ -504,7 +631,8 @@ struct InstancePlan {
   p.replicas = replicas_for(m.target_rps, m.instance_rps, 0.0);
   p.replicas_with_headroom = replicas_for(m.target_rps, m.instance_rps, m.headroom);
   p.concurrency = littles_law_concurrency(m.instance_rps, m.p95_ms);
-  p.max_in_flight = suggested_max_in_flight(p.concurrency, m.batch_size * m.streams);
+  p.max_in_flight = suggested_max_in_flight(
+      p.concurrency, static_cast<std::int64_t>(m.batch_size) * static_cast<std::int64_t>(m.streams));
   using detail::format_number;
   p.reason = std::to_string(p.replicas) + " x " + format_number(m.instance_rps, 0) + " rps covers " +
              format_number(m.target_rps, 0) + " rps; " + std::to_string(p.replicas_with_headroom) +
@@ -514,6 +642,48 @@ struct InstancePlan {
              format_number(m.p95_ms / 1000.0, 3) + " s); cap it at " + std::to_string(p.max_in_flight) +
              " and scale out when the queue keeps growing.";
   return p;
+}
+
+// ---- streaming: what a client of a generative model perceives -----------------------
+
+// How a generative model produces an answer: the latency field guide's Example 2 terms.
+struct GenerationProfile {
+  double prefill_ms = 0.0;      // prompt processing before decoding starts
+  double first_token_ms = 0.0;  // from the end of prefill until the first token is ready
+  double tokens_per_s = 0.0;    // the decode rate after the first token, per sequence
+};
+
+// The two latencies a client perceives for one answer.
+struct StreamingLatency {
+  double time_to_first_token_ms = 0.0;  // prefill + first token: when a streaming client sees content
+  double inter_token_ms = 0.0;          // 1000 / tokens_per_s
+  double total_ms = 0.0;                // time to first token + (tokens − 1) × inter-token time:
+                                        // when a client that waits for the whole answer sees it
+  double streaming_speedup = 1.0;       // total / time to first token
+};
+
+// The latency field guide's Example 2 arithmetic: an answer of `tokens` tokens, the first
+// after prefill + first_token, the rest at tokens_per_s. 120 ms + 80 ms, 50 tokens/s, 100
+// tokens: the first token at 200 ms, the whole answer at 200 + 99 × 20 = 2180 ms, 10.9x
+// later. Throws std::invalid_argument naming the field if a time is negative or not
+// finite, tokens_per_s <= 0 or not finite, tokens < 1, or the time to first token is 0.
+// Allocates only for the exception's message. Thread-safe.
+[[nodiscard]] inline StreamingLatency streaming_latency(const GenerationProfile& g, std::int64_t tokens) {
+  if (!(std::isfinite(g.prefill_ms) && g.prefill_ms >= 0.0))
+    throw std::invalid_argument("GenerationProfile: prefill_ms must be >= 0");
+  if (!(std::isfinite(g.first_token_ms) && g.first_token_ms >= 0.0))
+    throw std::invalid_argument("GenerationProfile: first_token_ms must be >= 0");
+  if (!(g.prefill_ms + g.first_token_ms > 0.0))
+    throw std::invalid_argument("GenerationProfile: prefill_ms + first_token_ms must be > 0");
+  if (!(std::isfinite(g.tokens_per_s) && g.tokens_per_s > 0.0))
+    throw std::invalid_argument("GenerationProfile: tokens_per_s must be > 0");
+  if (tokens < 1) throw std::invalid_argument("streaming_latency: tokens must be >= 1");
+  StreamingLatency l;
+  l.time_to_first_token_ms = g.prefill_ms + g.first_token_ms;
+  l.inter_token_ms = 1000.0 / g.tokens_per_s;
+  l.total_ms = l.time_to_first_token_ms + static_cast<double>(tokens - 1) * l.inter_token_ms;
+  l.streaming_speedup = l.total_ms / l.time_to_first_token_ms;
+  return l;
 }
 
 }  // namespace tailbatch

@@ -76,11 +76,14 @@ class DeviceClassifier {
     return layout(batch, batch * cpu_->config().max_tokens).device_total;
   }
 
-  // Classifies a batch of token-id requests on `lane` (only the first max_tokens ids of
-  // each are read) and waits for it: out[i] for batch[i]. Grows the lane's buffers if
-  // needed. Blocks until the device is done. Throws std::invalid_argument (sizes differ, a
-  // lane on another device), std::out_of_range (a token id >= vocab_size, before anything
-  // is enqueued), CudaError. Thread-safe (the lane is not).
+  // Classifies a batch of token-id requests on `lane` and waits for it: out[i] for
+  // batch[i]. A request longer than max_tokens is read up to max_tokens and flagged
+  // (out[i].truncated, counted in truncated_requests()), or refused under
+  // LongInput::reject, as on the CPU twin. Grows the lane's buffers if needed. Blocks until
+  // the device is done. Throws std::invalid_argument (sizes differ, a lane on another
+  // device), std::out_of_range (a token id >= vocab_size), std::length_error (a long
+  // request under LongInput::reject) — these two before anything is enqueued — and
+  // CudaError. Thread-safe (the lane is not).
   void forward(std::span<const std::span<const std::uint32_t>> batch, std::span<reference::Prediction> out,
                StreamLane& lane) const {
     if (batch.size() != out.size()) throw std::invalid_argument("DeviceClassifier::forward: batch and out differ in size");
@@ -89,7 +92,16 @@ class DeviceClassifier {
     if (n == 0) return;
     const reference::ClassifierConfig& cfg = cpu_->config();
     std::size_t tokens = 0;
+    std::uint64_t long_requests = 0;
     for (std::size_t i = 0; i < n; ++i) {
+      if (batch[i].size() > cfg.max_tokens) {
+        if (cfg.long_input == reference::LongInput::reject) {
+          throw std::length_error("DeviceClassifier::forward: request " + std::to_string(i) +
+                                  " has more than max_tokens (" + std::to_string(cfg.max_tokens) +
+                                  ") tokens, and ClassifierConfig::long_input is reject");
+        }
+        ++long_requests;
+      }
       const std::size_t len = batch[i].size() < cfg.max_tokens ? batch[i].size() : cfg.max_tokens;
       for (std::size_t t = 0; t < len; ++t) {
         if (batch[i][t] >= cfg.vocab_size) {
@@ -152,8 +164,14 @@ class DeviceClassifier {
         p.probabilities[k] = h_out[n * 3 + i * 3 + k];
       }
       p.label = reference::detail::argmax3(p.logits.data());
+      p.truncated = batch[i].size() > cfg.max_tokens;
     }
+    if (long_requests > 0) truncated_.add(long_requests);
   }
+
+  // Requests this device copy read only up to max_tokens (flagged truncated) since
+  // construction; the CPU twin counts its own. Never blocks. Thread-safe.
+  [[nodiscard]] std::uint64_t truncated_requests() const noexcept { return truncated_.get(); }
 
   // The CPU twin whose weights these are. Thread-safe.
   [[nodiscard]] const reference::Classifier& cpu() const noexcept { return *cpu_; }
@@ -199,6 +217,7 @@ class DeviceClassifier {
   const reference::Classifier* cpu_;
   int device_;
   DeviceBuffer embeddings_, w1_, b1_, w2_, b2_;
+  reference::detail::EventCounter truncated_;
 };
 
 // The classifier as a Pipeline model on any backend: a StreamLane runs it on the GPU, a

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -77,6 +78,18 @@ enum class CpuKernel : std::uint8_t { automatic, portable, avx2, avx512 };
   return false;
 }
 
+// What the classifier does with a request longer than max_tokens.
+enum class LongInput : std::uint8_t {
+  truncate,  // read its first max_tokens tokens and say so: Prediction::truncated, and
+             // Classifier::truncated_requests() counts it (the default)
+  reject,    // throw std::length_error naming the request, before computing anything
+};
+
+// "truncate" or "reject". Thread-safe.
+[[nodiscard]] constexpr std::string_view to_string(LongInput l) noexcept {
+  return l == LongInput::reject ? "reject" : "truncate";
+}
+
 struct ClassifierConfig {
   // Every weight is a function of the seed (and of the lexicon).
   std::uint64_t seed = 20240611;
@@ -86,8 +99,10 @@ struct ClassifierConfig {
   std::uint32_t embed_dim = 512;
   // Hidden units; a multiple of 32 and >= 32.
   std::uint32_t hidden_dim = 16384;
-  // Tokens per request that the model reads; the rest of a longer request is ignored.
+  // Tokens per request that the model reads. A longer request is truncated and flagged,
+  // or rejected, as long_input says; never silently cut.
   std::size_t max_tokens = 128;
+  LongInput long_input = LongInput::truncate;
   CpuKernel cpu_kernel = CpuKernel::automatic;
 };
 
@@ -96,6 +111,9 @@ struct Prediction {
   std::array<float, sentiment_count> logits{};
   std::array<float, sentiment_count> probabilities{};  // softmax of logits, summing to ~1
   Sentiment label = Sentiment::neutral;                // argmax (the first on a tie)
+  // The request had more than max_tokens tokens and only its first max_tokens were read
+  // (LongInput::truncate). Set for every such request; false otherwise.
+  bool truncated = false;
 
   // The probability of the label. Thread-safe.
   [[nodiscard]] float confidence() const noexcept { return probabilities[static_cast<std::size_t>(label)]; }
@@ -106,6 +124,7 @@ struct ReferencePrediction {
   std::array<double, sentiment_count> logits{};
   std::array<double, sentiment_count> probabilities{};
   Sentiment label = Sentiment::neutral;
+  bool truncated = false;  // as Prediction::truncated
 };
 
 // Read-only views of the weights, for copying them to a device. Layouts:
@@ -192,6 +211,29 @@ inline std::vector<std::string_view> lexicon_words() {
   return words;
 }
 
+// A relaxed event counter that a const, shared object may bump; copying or moving the
+// object copies the count.
+class EventCounter {
+ public:
+  EventCounter() = default;
+  EventCounter(const EventCounter& o) noexcept : n_(o.get()) {}
+  EventCounter& operator=(const EventCounter& o) noexcept {
+    n_.store(o.get(), std::memory_order_relaxed);
+    return *this;
+  }
+  void add(std::uint64_t k) const noexcept { n_.fetch_add(k, std::memory_order_relaxed); }
+  [[nodiscard]] std::uint64_t get() const noexcept { return n_.load(std::memory_order_relaxed); }
+
+ private:
+  mutable std::atomic<std::uint64_t> n_{0};
+};
+
+// The tokenizer a model with this max_tokens uses: it keeps one id past max_tokens, never
+// read, so that the forward pass can tell that a text was longer.
+[[nodiscard]] constexpr std::size_t tokenizer_limit(std::size_t max_tokens) noexcept {
+  return max_tokens < static_cast<std::size_t>(-1) ? max_tokens + 1 : max_tokens;
+}
+
 inline Sentiment argmax3(const float* v) noexcept {
   std::size_t best = 0;
   for (std::size_t l = 1; l < sentiment_count; ++l) best = v[l] > v[best] ? l : best;
@@ -202,8 +244,9 @@ inline Sentiment argmax3(const float* v) noexcept {
 
 // The classifier's weights and its CPU forward pass.
 //
-// Immutable after construction: forward, classify and reference_forward may be called from
-// many threads at once, each with its own ClassifierWorkspace. Construction generates the
+// Immutable after construction (but for the truncated_requests() counter, which is atomic):
+// forward, classify and reference_forward may be called from many threads at once, each
+// with its own ClassifierWorkspace. Construction generates the
 // weights (allocates about (vocab_size + hidden_dim) * embed_dim floats: 48 MiB by
 // default, 0.1 to 0.3 s) and throws std::invalid_argument naming the field of a bad config,
 // std::bad_alloc when out of memory.
@@ -217,21 +260,30 @@ class Classifier {
 
   explicit Classifier(ClassifierConfig config = {})
       : config_(validate(config)),
-        tokenizer_(TokenizerOptions{config_.vocab_size, config_.max_tokens}, detail::lexicon_words()),
+        tokenizer_(TokenizerOptions{config_.vocab_size, detail::tokenizer_limit(config_.max_tokens)},
+                   detail::lexicon_words()),
         kernel_(resolve(config_.cpu_kernel)) {
     generate_weights();
   }
 
-  // Classifies a batch: out[i] is the prediction for batch[i], a request's token ids (only
-  // its first max_tokens are read). Allocates only when ws must grow. Throws
-  // std::invalid_argument if the sizes differ, std::out_of_range for a token id >=
-  // vocab_size (before computing anything), std::bad_alloc. Thread-safe (ws is not).
+  // Classifies a batch: out[i] is the prediction for batch[i], a request's token ids. A
+  // request longer than max_tokens is read up to max_tokens and flagged (out[i].truncated,
+  // counted in truncated_requests()), or, with LongInput::reject, refused. Allocates only
+  // when ws must grow. Throws std::invalid_argument if the sizes differ,
+  // std::out_of_range for a token id >= vocab_size, std::length_error for a request over
+  // max_tokens under LongInput::reject (both before computing anything), std::bad_alloc.
+  // Thread-safe (ws is not).
   void forward(std::span<const std::span<const std::uint32_t>> batch, std::span<Prediction> out,
                ClassifierWorkspace& ws) const {
     if (batch.size() != out.size()) {
       throw std::invalid_argument("Classifier::forward: batch and out differ in size");
     }
+    std::uint64_t long_requests = 0;
     for (std::size_t i = 0; i < batch.size(); ++i) {
+      if (batch[i].size() > config_.max_tokens) {
+        if (config_.long_input == LongInput::reject) throw too_long("Classifier::forward", i);
+        ++long_requests;
+      }
       for (std::uint32_t t : truncated(batch[i])) {
         if (t >= config_.vocab_size) {
           throw std::out_of_range("Classifier::forward: token id " + std::to_string(t) + " of request " +
@@ -254,11 +306,14 @@ class Classifier {
       detail::output_logits(ws.hidden_.data() + i * h, h, w2_.data(), b2_.data(), p.logits.data());
       detail::softmax3(p.logits.data(), p.probabilities.data());
       p.label = detail::argmax3(p.logits.data());
+      p.truncated = batch[i].size() > config_.max_tokens;
     }
+    if (long_requests > 0) truncated_.add(long_requests);
   }
 
-  // Tokenizes text and classifies it alone. Allocates (a workspace and the token ids).
-  // Throws std::bad_alloc. Thread-safe.
+  // Tokenizes text and classifies it alone; a text of more than max_tokens words is
+  // flagged (Prediction::truncated) or refused as forward says. Allocates (a workspace and
+  // the token ids). Throws std::bad_alloc, std::length_error (LongInput::reject). Thread-safe.
   [[nodiscard]] Prediction classify(std::string_view text) const {
     const std::vector<std::uint32_t> ids = tokenizer_.tokenize(text);
     const std::span<const std::uint32_t> one[1] = {ids};
@@ -269,9 +324,14 @@ class Classifier {
   }
 
   // The same model in double precision (weights as stored, every sum in double), for
-  // checking the float kernels. Slow; allocates. Throws std::out_of_range for a token id
-  // >= vocab_size. Thread-safe.
+  // checking the float kernels; long requests as forward treats them, but not counted.
+  // Slow; allocates. Throws std::out_of_range for a token id >= vocab_size,
+  // std::length_error as forward does. Thread-safe.
   [[nodiscard]] ReferencePrediction reference_forward(std::span<const std::uint32_t> tokens) const {
+    const bool was_long = tokens.size() > config_.max_tokens;
+    if (was_long && config_.long_input == LongInput::reject) {
+      throw too_long("Classifier::reference_forward", 0);
+    }
     tokens = truncated(tokens);
     const std::size_t e = config_.embed_dim;
     const std::size_t h = config_.hidden_dim;
@@ -306,12 +366,18 @@ class Classifier {
       if (r.logits[l] > r.logits[best]) best = l;
     }
     r.label = static_cast<Sentiment>(best);
+    r.truncated = was_long;
     return r;
   }
 
   // The configuration, as given. Thread-safe.
   [[nodiscard]] const ClassifierConfig& config() const noexcept { return config_; }
-  // The tokenizer matching this model (lexicon words reserved). Thread-safe.
+  // Requests read only up to max_tokens (flagged truncated) by forward and classify since
+  // construction. Never blocks; a relaxed read. Thread-safe.
+  [[nodiscard]] std::uint64_t truncated_requests() const noexcept { return truncated_.get(); }
+  // The tokenizer matching this model (lexicon words reserved). It keeps max_tokens + 1
+  // ids of a text: the model never reads the last one, which tells it the text was longer
+  // than it reads. Thread-safe.
   [[nodiscard]] const Tokenizer& tokenizer() const noexcept { return tokenizer_; }
   // The CPU kernel that runs (automatic resolved). Thread-safe.
   [[nodiscard]] CpuKernel kernel() const noexcept { return kernel_; }
@@ -350,6 +416,12 @@ class Classifier {
     if (detail::cpu_has_avx512()) return CpuKernel::avx512;
     if (detail::cpu_has_avx2()) return CpuKernel::avx2;
     return CpuKernel::portable;
+  }
+
+  [[nodiscard]] std::length_error too_long(const char* where, std::size_t request) const {
+    return std::length_error(std::string(where) + ": request " + std::to_string(request) +
+                             " has more than max_tokens (" + std::to_string(config_.max_tokens) +
+                             ") tokens, and ClassifierConfig::long_input is reject");
   }
 
   [[nodiscard]] std::span<const std::uint32_t> truncated(std::span<const std::uint32_t> t) const noexcept {
@@ -417,6 +489,7 @@ class Classifier {
   ClassifierConfig config_;
   Tokenizer tokenizer_;
   CpuKernel kernel_;
+  detail::EventCounter truncated_;
   detail::AlignedFloats embeddings_;
   detail::AlignedFloats w1_;
   detail::AlignedFloats b1_;

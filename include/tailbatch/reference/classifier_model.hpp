@@ -100,9 +100,15 @@ class ScratchPool {
 
 // The classifier as a Pipeline model: model(span<const std::string>, span<Prediction>, Lane&).
 //
+// A text longer than max_tokens words comes back with Prediction::truncated set (and is
+// counted in Classifier::truncated_requests()). Under LongInput::reject it makes forward
+// throw, which fails its whole batch: a server that rejects long texts should check them
+// before submit (tokenizer().tokenize(text).size() > max_tokens) and answer 413.
+//
 // Copies share one scratch pool (std::function copies its target). Thread-safety: calls
 // may run concurrently from any number of worker threads. Exceptions: a call throws what
-// Classifier::forward throws (std::bad_alloc); the Pipeline turns that into a failed batch.
+// Classifier::forward throws (std::bad_alloc, std::length_error under LongInput::reject);
+// the Pipeline turns that into a failed batch.
 class ClassifierModel {
  public:
   // model must outlive this object and its copies. Allocates. Throws std::bad_alloc.

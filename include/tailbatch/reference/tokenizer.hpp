@@ -11,7 +11,9 @@
 //     hashed vocabulary, so that any text has ids without a vocabulary file, and distinct
 //     words may share an id (the model sees them as one word).
 //   - At most max_tokens ids per text: the rest of a longer text is ignored. This bounds
-//     the cost of one request, as a real tokenizer's max_length does.
+//     the cost of one request, as a real tokenizer's max_length does. The reference
+//     classifier's tokenizer keeps max_tokens + 1 ids, one more than its model reads, so
+//     that the model can tell a longer text and say so (Prediction::truncated).
 //
 // The hash is 64-bit FNV-1a (offset basis 0xcbf29ce484222325, prime 0x100000001b3) over the
 // lowercased bytes of the word. It is stable: the same text gives the same ids on every
