@@ -10,8 +10,9 @@
 //   aging       after 10 x capacity sightings every counter is halved and the doorkeeper
 //               cleared, so that yesterday's hot keys fade and today's can win.
 //
-// Keys arrive as 64-bit hashes that are already well mixed. Not thread-safe: each cache
-// shard owns one, under its lock.
+// Keys arrive as 64-bit hashes that are already well mixed. Each key's counters and
+// doorkeeper bits share one 64-byte block, so a lookup costs one cache line here. Not
+// thread-safe: each cache shard owns one, under its lock.
 #pragma once
 
 #include <algorithm>
@@ -38,28 +39,31 @@ class FrequencySketch {
   static constexpr std::size_t depth = 4;
   static constexpr std::uint8_t max_count = 15;
 
-  // A sketch sized for a cache of `capacity` entries: 2 x capacity counters per row
-  // (rounded up to a power of two) and 8 doorkeeper bits per entry. Allocates; throws
-  // std::bad_alloc.
+  // A sketch sized for a cache of `capacity` entries: one 64-byte block per two entries
+  // (rounded up to a power of two). A key's four counters and its two doorkeeper bits lie
+  // in one block, so a sighting touches one cache line. Allocates; throws std::bad_alloc.
   explicit FrequencySketch(std::size_t capacity) {
-    const std::size_t cap = std::max<std::size_t>(capacity, 8);
-    width_ = std::bit_ceil(cap * 2);
-    counters_.assign(depth * width_, 0);
-    door_bits_ = std::bit_ceil(std::max<std::size_t>(cap * 8, 64));
-    door_.assign(door_bits_ / 64, 0);
+    const std::size_t cap = std::max<std::size_t>(capacity, 2);
+    blocks_.assign(std::bit_ceil(cap / 2), Block{});
     sample_ = 10 * cap;
   }
 
   // Counts one sighting of the key with (mixed) hash h. Never allocates.
   void record(std::uint64_t h) noexcept {
     const std::uint64_t g = mix64(h ^ 0x9e3779b97f4a7c15ULL);
-    if (door_insert(g)) {
-      const auto lo = static_cast<std::uint32_t>(g);
-      const auto hi = static_cast<std::uint32_t>(g >> 32) | 1u;
+    Block& b = block(g);
+    const std::uint64_t d0 = door_bit(g, 44);
+    const std::uint64_t d1 = door_bit(g, 52);
+    std::uint64_t& w0 = b.door[(g >> 50) & 3];
+    std::uint64_t& w1 = b.door[(g >> 58) & 3];
+    if ((w0 & d0) != 0 && (w1 & d1) != 0) {
       for (std::size_t r = 0; r < depth; ++r) {
-        std::uint8_t& c = counters_[r * width_ + ((lo + r * hi) & (width_ - 1))];
+        std::uint8_t& c = b.counters[counter(g, r)];
         if (c < max_count) ++c;
       }
+    } else {
+      w0 |= d0;
+      w1 |= d1;
     }
     if (++additions_ >= sample_) age();
   }
@@ -68,60 +72,49 @@ class FrequencySketch {
   // Never allocates.
   [[nodiscard]] unsigned estimate(std::uint64_t h) const noexcept {
     const std::uint64_t g = mix64(h ^ 0x9e3779b97f4a7c15ULL);
-    const auto lo = static_cast<std::uint32_t>(g);
-    const auto hi = static_cast<std::uint32_t>(g >> 32) | 1u;
+    const Block& b = block(g);
     unsigned m = max_count;
-    for (std::size_t r = 0; r < depth; ++r) {
-      m = std::min<unsigned>(m, counters_[r * width_ + ((lo + r * hi) & (width_ - 1))]);
-    }
-    return m + (door_contains(g) ? 1u : 0u);
+    for (std::size_t r = 0; r < depth; ++r) m = std::min<unsigned>(m, b.counters[counter(g, r)]);
+    const bool door = (b.door[(g >> 50) & 3] & door_bit(g, 44)) != 0 && (b.door[(g >> 58) & 3] & door_bit(g, 52)) != 0;
+    return m + (door ? 1u : 0u);
   }
 
   // Forgets everything. Never allocates.
   void clear() noexcept {
-    std::fill(counters_.begin(), counters_.end(), std::uint8_t{0});
-    std::fill(door_.begin(), door_.end(), std::uint64_t{0});
+    std::fill(blocks_.begin(), blocks_.end(), Block{});
     additions_ = 0;
   }
 
-  // Sightings since the last aging (for tests). Never allocates.
+  // Sightings since the last aging, and how many trigger the next. Never allocates.
   [[nodiscard]] std::size_t additions() const noexcept { return additions_; }
   [[nodiscard]] std::size_t sample_size() const noexcept { return sample_; }
 
  private:
-  // The doorkeeper's two bit positions come from bits of g that the counter rows do not
-  // lean on first (the top and the middle).
-  [[nodiscard]] std::size_t door_pos(std::uint64_t g, int which) const noexcept {
-    const std::uint64_t x = which == 0 ? (g >> 40) ^ (g << 3) : (g >> 17) ^ (g >> 51);
-    return static_cast<std::size_t>(x) & (door_bits_ - 1);
+  // Four rows of eight counters, and 256 doorkeeper bits.
+  struct alignas(64) Block {
+    std::uint8_t counters[depth * 8]{};
+    std::uint64_t door[4]{};
+  };
+
+  [[nodiscard]] Block& block(std::uint64_t g) noexcept { return blocks_[g & (blocks_.size() - 1)]; }
+  [[nodiscard]] const Block& block(std::uint64_t g) const noexcept { return blocks_[g & (blocks_.size() - 1)]; }
+  // Row r's counter: three bits of g per row, from bit 32 up (the low bits picked the block).
+  [[nodiscard]] static std::size_t counter(std::uint64_t g, std::size_t r) noexcept {
+    return r * 8 + static_cast<std::size_t>((g >> (32 + 3 * r)) & 7);
   }
-  [[nodiscard]] bool door_contains(std::uint64_t g) const noexcept {
-    const std::size_t a = door_pos(g, 0);
-    const std::size_t b = door_pos(g, 1);
-    return ((door_[a / 64] >> (a % 64)) & 1u) != 0 && ((door_[b / 64] >> (b % 64)) & 1u) != 0;
-  }
-  // Sets g's doorkeeper bits. Returns true when they were all set already (a repeat).
-  bool door_insert(std::uint64_t g) noexcept {
-    const std::size_t a = door_pos(g, 0);
-    const std::size_t b = door_pos(g, 1);
-    const std::uint64_t ma = std::uint64_t{1} << (a % 64);
-    const std::uint64_t mb = std::uint64_t{1} << (b % 64);
-    const bool seen = (door_[a / 64] & ma) != 0 && (door_[b / 64] & mb) != 0;
-    door_[a / 64] |= ma;
-    door_[b / 64] |= mb;
-    return seen;
+  [[nodiscard]] static std::uint64_t door_bit(std::uint64_t g, int from) noexcept {
+    return std::uint64_t{1} << ((g >> from) & 63);
   }
 
   void age() noexcept {
-    for (std::uint8_t& c : counters_) c = static_cast<std::uint8_t>(c >> 1);
-    std::fill(door_.begin(), door_.end(), std::uint64_t{0});
+    for (Block& b : blocks_) {
+      for (std::uint8_t& c : b.counters) c = static_cast<std::uint8_t>(c >> 1);
+      for (std::uint64_t& w : b.door) w = 0;
+    }
     additions_ /= 2;
   }
 
-  std::vector<std::uint8_t> counters_;
-  std::vector<std::uint64_t> door_;
-  std::size_t width_ = 0;
-  std::size_t door_bits_ = 64;
+  std::vector<Block> blocks_;
   std::size_t additions_ = 0;
   std::size_t sample_ = 0;
 };

@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <unordered_map>
+#include <vector>
 #include <utility>
 
 #include <tailbatch/detail/frequency_sketch.hpp>
@@ -78,7 +78,8 @@ class TinyLfuStore {
 
   // max_entries >= 1; max_bytes: the byte bound (SIZE_MAX: none). Allocates.
   TinyLfuStore(std::size_t max_entries, std::size_t max_bytes, KeyEqual eq)
-      : map_(16, KeyRefHash{}, KeyRefEqual<Key, KeyEqual>{std::move(eq)}),
+      : eq_(std::move(eq)),
+        slots_(16),
         sketch_(max_entries),
         max_entries_(max_entries),
         max_bytes_(max_bytes) {
@@ -89,11 +90,15 @@ class TinyLfuStore {
 
   TinyLfuStore(const TinyLfuStore&) = delete;
   TinyLfuStore& operator=(const TinyLfuStore&) = delete;
+  ~TinyLfuStore() { clear(); }
 
-  // The entry for key (hash h), or nullptr. Counts nothing.
+  // The entry for key (hash h), or nullptr. Counts nothing. Throws what KeyEqual throws.
   [[nodiscard]] Node* find(const Key& key, std::uint64_t h) const {
-    auto it = map_.find(KeyRef<Key>{&key, h});
-    return it == map_.end() ? nullptr : it->second.get();
+    for (std::size_t i = home(h);; i = (i + 1) & mask()) {
+      const Slot& s = slots_[i];
+      if (s.node == nullptr) return nullptr;
+      if (s.hash == h && eq_(s.node->key, key)) return s.node;
+    }
   }
 
   // Counts one lookup of the key in the frequency sketch.
@@ -146,9 +151,10 @@ class TinyLfuStore {
       return evict(n, tally);
     }
     if (bytes > max_bytes_) return false;
-    auto owned = std::make_unique<Node>(std::move(key), std::move(value), h, bytes, expires);
-    Node* n = owned.get();
-    map_.emplace(KeyRef<Key>{&n->key, h}, std::move(owned));  // strong: frees the node if it throws
+    if (2 * (count_ + 1) > slots_.size()) grow();  // strong: nothing changes if it throws
+    Node* n = new Node(std::move(key), std::move(value), h, bytes, expires);
+    place(Slot{h, n});
+    ++count_;
     n->segment = Segment::window;
     window_.push_front(n);
     bytes_ += bytes;
@@ -194,15 +200,19 @@ class TinyLfuStore {
 
   // Drops every entry and the frequency history. Never throws.
   void clear() noexcept {
+    for (Slot& s : slots_) {
+      delete s.node;
+      s = Slot{};
+    }
     window_ = {};
     probation_ = {};
     protected_ = {};
-    map_.clear();
+    count_ = 0;
     bytes_ = 0;
     sketch_.clear();
   }
 
-  [[nodiscard]] std::size_t size() const noexcept { return map_.size(); }
+  [[nodiscard]] std::size_t size() const noexcept { return count_; }
   [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
   [[nodiscard]] std::size_t max_entries() const noexcept { return max_entries_; }
   [[nodiscard]] std::size_t max_bytes() const noexcept { return max_bytes_; }
@@ -245,7 +255,7 @@ class TinyLfuStore {
     return window_;
   }
 
-  [[nodiscard]] bool over_limits() const noexcept { return map_.size() > max_entries_ || bytes_ > max_bytes_; }
+  [[nodiscard]] bool over_limits() const noexcept { return count_ > max_entries_ || bytes_ > max_bytes_; }
 
   [[nodiscard]] Node* main_victim() const noexcept {
     if (probation_.tail != nullptr) return probation_.tail;
@@ -259,11 +269,45 @@ class TinyLfuStore {
     erase_node(n);
   }
 
-  // Frees n (already unlinked, its bytes already taken off). Its own key compares equal
-  // by address, so KeyEqual runs only for other keys of the same hash.
+  // Frees n (already unlinked, its bytes already taken off). Its slot is found by
+  // identity, and the probe run behind it shifted back (no tombstones): no user code runs.
   void erase_node(Node* n) noexcept {
-    auto it = map_.find(KeyRef<Key>{&n->key, n->hash});
-    if (it != map_.end()) map_.erase(it);
+    std::size_t i = home(n->hash);
+    while (slots_[i].node != n) i = (i + 1) & mask();
+    for (std::size_t j = (i + 1) & mask(); slots_[j].node != nullptr; j = (j + 1) & mask()) {
+      const std::size_t k = home(slots_[j].hash);
+      // Move j back into the hole at i unless its home lies cyclically in (i, j].
+      const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+      if (!stays) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i] = Slot{};
+    --count_;
+    delete n;
+  }
+
+  // The open-addressing table: linear probing, at most half full, keyed by the mixed
+  // hash (its top bits pick the home slot: the low ones picked the shard).
+  struct Slot {
+    std::uint64_t hash = 0;
+    Node* node = nullptr;
+  };
+  [[nodiscard]] std::size_t mask() const noexcept { return slots_.size() - 1; }
+  [[nodiscard]] std::size_t home(std::uint64_t h) const noexcept { return static_cast<std::size_t>(h >> shift_); }
+  void place(Slot s) noexcept {
+    std::size_t i = home(s.hash);
+    while (slots_[i].node != nullptr) i = (i + 1) & mask();
+    slots_[i] = s;
+  }
+  void grow() {
+    std::vector<Slot> bigger(slots_.size() * 2);  // may throw: nothing changed yet
+    bigger.swap(slots_);
+    --shift_;
+    for (const Slot& s : bigger) {
+      if (s.node != nullptr) place(s);
+    }
   }
 
   // Evicts main-area victims, then window entries, until within bounds. Returns whether
@@ -281,8 +325,10 @@ class TinyLfuStore {
     return survived;
   }
 
-  using Map = std::unordered_map<KeyRef<Key>, std::unique_ptr<Node>, KeyRefHash, KeyRefEqual<Key, KeyEqual>>;
-  Map map_;
+  KeyEqual eq_;
+  std::vector<Slot> slots_;
+  unsigned shift_ = 64 - 4;  // 16 slots
+  std::size_t count_ = 0;
   FrequencySketch sketch_;
   List window_;
   List probation_;
