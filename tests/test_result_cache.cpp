@@ -448,3 +448,25 @@ TEST_CASE("ResultCache + threaded Pipeline: concurrent submits from 1, 2, 3, 7 a
     CHECK(p.stats().submitted == s.misses - static_cast<std::uint64_t>(get_misses.load()) + s.resubmitted);
   }
 }
+
+TEST_CASE("FrequencySketch: the doorkeeper absorbs first sightings; counts saturate; aging halves") {
+  detail::FrequencySketch sketch(64);
+  const std::uint64_t a = detail::mix64(1);
+  const std::uint64_t b = detail::mix64(2);
+  CHECK(sketch.estimate(a) == 0);
+  sketch.record(a);
+  CHECK(sketch.estimate(a) == 1);  // the doorkeeper only
+  for (int i = 0; i < 5; ++i) sketch.record(a);
+  CHECK(sketch.estimate(a) == 6);  // five counted, plus the doorkeeper
+  CHECK(sketch.estimate(b) <= 1);  // another key: at most a collision in the doorkeeper
+  for (int i = 0; i < 40; ++i) sketch.record(a);
+  CHECK(sketch.estimate(a) == detail::FrequencySketch::max_count + 1);
+  // Fill the sample with other keys until the sketch ages once: a's count halves and the
+  // doorkeeper forgets it.
+  const std::size_t left = sketch.sample_size() - sketch.additions();
+  for (std::size_t i = 0; i < left; ++i) sketch.record(detail::mix64(1000 + i));
+  CHECK(sketch.additions() == sketch.sample_size() / 2);
+  const unsigned aged = sketch.estimate(a);
+  CHECK(aged >= 7);  // 15 / 2, plus collisions from the filler keys at most
+  CHECK(aged <= 8);
+}

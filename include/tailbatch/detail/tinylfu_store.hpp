@@ -4,8 +4,11 @@
 //   window     an LRU list of about 1 % of the entries: every new entry lands here, so a
 //              burst of new keys is cached at once and has time to prove itself;
 //   probation  the main area's entries not hit since they entered it (LRU);
-//   protected  main-area entries hit again while in probation (LRU, about 80 % of the
-//              main area); when it overflows its oldest go back to probation.
+//   protected  main-area entries hit again while in probation (about 80 % of the main
+//              area); when it overflows its oldest go back to probation. Ordered by
+//              CLOCK's second chance rather than exact LRU: a hit marks the entry, and a
+//              marked entry reaching the cold end is moved back to the hot end instead of
+//              leaving, so hits on the hottest entries write nothing but one flag.
 //
 // When the window overflows while the shard is full, its oldest entry (the candidate)
 // competes with the main area's next victim (probation's oldest): the one the frequency
@@ -74,6 +77,7 @@ class TinyLfuStore {
     Node* prev = nullptr;  // toward the most recently used end
     Node* next = nullptr;  // toward the least recently used end
     Segment segment = Segment::window;
+    bool referenced = false;  // protected only: hit since it last reached the cold end
   };
 
   // max_entries >= 1; max_bytes: the byte bound (SIZE_MAX: none). Allocates.
@@ -117,13 +121,20 @@ class TinyLfuStore {
         protected_.push_front(n);
         while (protected_.count > protected_cap_ && protected_.tail != nullptr) {
           Node* d = protected_.tail;
+          if (d->referenced) {  // a second chance: hit since it was last here
+            d->referenced = false;
+            protected_.move_to_front(d);
+            continue;
+          }
           protected_.unlink(d);
           d->segment = Segment::probation;
           probation_.push_front(d);
         }
         break;
       case Segment::protect:
-        protected_.move_to_front(n);
+        // Marked, not moved: the list is reordered only when its cold end is reached
+        // (CLOCK's second chance), which spares a hit the writes to two neighbours.
+        n->referenced = true;
         break;
     }
   }
