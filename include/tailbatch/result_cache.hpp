@@ -216,9 +216,10 @@ class ResultCache {
   [[nodiscard]] std::optional<Value> try_get(const Key& key) {
     const std::uint64_t h = mixed_hash(key);
     Shard& s = shard_of(h);
+    s.store->prefetch_frequency(h);
     std::unique_lock lock(s.mu);
-    s.store->record(h);
     Node* n = live_node(s, key, h);
+    s.store->record(h);
     if (n == nullptr) {
       ++s.misses;
       lock.unlock();
@@ -314,9 +315,11 @@ class ResultCache {
 #if TAILBATCH_HAS_EXCEPTIONS
     try {
 #endif
+      s.store->prefetch_frequency(h);
       std::unique_lock lock(s.mu);
+      Node* n = live_node(s, req, h);
       s.store->record(h);
-      if (Node* n = live_node(s, req, h)) {
+      if (n != nullptr) {
         s.store->touch(n);
         std::optional<Value> v(n->value);
         ++s.hits;

@@ -105,6 +105,10 @@ class TinyLfuStore {
     }
   }
 
+  // Starts loading h's sketch block; safe without the shard's lock (see
+  // FrequencySketch::prefetch), so that the load overlaps taking the lock and the probe.
+  void prefetch_frequency(std::uint64_t h) const noexcept { sketch_.prefetch(h); }
+
   // Counts one lookup of the key in the frequency sketch.
   void record(std::uint64_t h) noexcept { sketch_.record(h); }
   [[nodiscard]] unsigned frequency(std::uint64_t h) const noexcept { return sketch_.estimate(h); }
