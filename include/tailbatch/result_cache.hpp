@@ -74,7 +74,8 @@ struct ResultCacheConfig {
   // Each shard holds its share, so one entry may weigh at most max_bytes / shards.
   std::size_t max_bytes = 0;
   // An entry's weight in bytes. Required when max_bytes is set; called once per insert,
-  // under the shard's lock, so it must be quick and must not call into the cache.
+  // under the shard's lock (from several threads at once for different shards), so it
+  // must be thread-safe, quick, and must not call into the cache.
   std::function<std::size_t(const Key&, const Value&)> size_of{};
   // How long an entry stays valid after it was inserted. 0: entries never expire.
   std::chrono::nanoseconds ttl{0};
@@ -157,6 +158,9 @@ class CacheCallback {
 // strong guarantee (std::bad_alloc, or what size_of or moving throws); submit() with a
 // callback never throws (out of memory completes the callback with Status::failed), and
 // an exception thrown by a callback is caught, counted and dropped.
+//
+// One cache per Pipeline: a request joins an identical request in flight whichever
+// Pipeline that one was submitted to.
 //
 // Lifetime: a Pipeline that the cache submitted to must be shut down (or destroyed)
 // before the cache is destroyed: its completions call back into the cache.
