@@ -243,7 +243,8 @@ class ResultCache {
   // entry is in the cache afterwards (false: larger than a shard's byte share). Does not
   // count a sighting: the frequency filter counts lookups. Takes the shard's lock;
   // allocates. Strong guarantee: throws std::bad_alloc, or what size_of or moving a Key or
-  // Value throws, and then changes nothing. Thread-safe.
+  // Value throws, and then changes nothing (when replacing, a Value whose move assignment
+  // throws may be left moved-from). Thread-safe.
   bool insert(Key key, Value value) {
     const std::uint64_t h = mixed_hash(key);
     Shard& s = shard_of(h);
@@ -677,7 +678,8 @@ class ResultCache {
         }
       }
       if (again) {
-        // Cancellable only if every waiter it carries can still cancel; be conservative.
+        // Not cancellable in the Pipeline: which of its waiters could cancel is not
+        // tracked, and a result nobody collects still lands in the cache.
         again->stop.reset();
         bool joined = false;
         if (!f->alone) {
