@@ -1,0 +1,137 @@
+// The frequency filter behind ResultCache's admission policy (TinyLFU): a count-min sketch
+// of how often each key was looked up recently, with a doorkeeper and periodic aging.
+//
+//   doorkeeper  a Bloom filter of keys seen once since the last aging. A key's first
+//               sighting sets its bits and nothing else, so the one-hit wonders of a scan
+//               never reach the counters;
+//   counters    four rows of saturating counters (0..15), each key counted in one counter
+//               per row; its estimate is the smallest of the four, plus one if the
+//               doorkeeper holds it;
+//   aging       after 10 x capacity sightings every counter is halved and the doorkeeper
+//               cleared, so that yesterday's hot keys fade and today's can win.
+//
+// Keys arrive as 64-bit hashes that are already well mixed. Each key's counters and
+// doorkeeper bits share one 64-byte block, so a lookup costs one cache line here. Not
+// thread-safe: each cache shard owns one, under its lock.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace tailbatch::detail {
+
+// A 64-bit finalizer (splitmix64's): every output bit depends on every input bit, so that
+// a user's hash that is the identity on integers still spreads over shards and counters.
+[[nodiscard]] constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+class FrequencySketch {
+ public:
+  static constexpr std::size_t depth = 4;
+  static constexpr std::uint8_t max_count = 15;
+
+  // A sketch sized for a cache of `capacity` entries: one 64-byte block per eight entries
+  // (rounded up to a power of two), 8 bytes an entry. A key's four counters and its two
+  // doorkeeper bits lie in one block, so a sighting touches one cache line. Allocates;
+  // throws std::bad_alloc.
+  explicit FrequencySketch(std::size_t capacity) {
+    const std::size_t cap = std::max<std::size_t>(capacity, 8);
+    blocks_.assign(std::bit_ceil(cap / 8), Block{});
+    sample_ = 10 * cap;
+  }
+
+  // Counts one sighting of the key with (mixed) hash h. Never allocates.
+  void record(std::uint64_t h) noexcept {
+    const std::uint64_t g = mix64(h ^ 0x9e3779b97f4a7c15ULL);
+    Block& b = block(g);
+    const std::uint64_t d0 = door_bit(g, 44);
+    const std::uint64_t d1 = door_bit(g, 52);
+    std::uint64_t& w0 = b.door[(g >> 50) & 3];
+    std::uint64_t& w1 = b.door[(g >> 58) & 3];
+    if ((w0 & d0) != 0 && (w1 & d1) != 0) {
+      for (std::size_t r = 0; r < depth; ++r) {
+        const std::size_t i = counter(g, r);
+        std::uint8_t& pair = b.counters[i / 2];
+        const unsigned shift = (i % 2) * 4;
+        if (((pair >> shift) & 15u) < max_count) pair = static_cast<std::uint8_t>(pair + (1u << shift));
+      }
+    } else {
+      w0 |= d0;
+      w1 |= d1;
+    }
+    if (++additions_ >= sample_) age();
+  }
+
+  // The estimated recent count of the key with (mixed) hash h, at most max_count + 1.
+  // Never allocates.
+  [[nodiscard]] unsigned estimate(std::uint64_t h) const noexcept {
+    const std::uint64_t g = mix64(h ^ 0x9e3779b97f4a7c15ULL);
+    const Block& b = block(g);
+    unsigned m = max_count;
+    for (std::size_t r = 0; r < depth; ++r) {
+      const std::size_t i = counter(g, r);
+      m = std::min<unsigned>(m, (b.counters[i / 2] >> ((i % 2) * 4)) & 15u);
+    }
+    const bool door = (b.door[(g >> 50) & 3] & door_bit(g, 44)) != 0 && (b.door[(g >> 58) & 3] & door_bit(g, 52)) != 0;
+    return m + (door ? 1u : 0u);
+  }
+
+  // Starts loading h's block into the cache. Reads only what is fixed at construction, so
+  // it may run without the owner's lock (a prefetch never faults). Never allocates.
+  void prefetch([[maybe_unused]] std::uint64_t h) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(&block(mix64(h ^ 0x9e3779b97f4a7c15ULL)), 1);
+#endif
+  }
+
+  // Forgets everything. Never allocates.
+  void clear() noexcept {
+    std::fill(blocks_.begin(), blocks_.end(), Block{});
+    additions_ = 0;
+  }
+
+  // Sightings since the last aging, and how many trigger the next. Never allocates.
+  [[nodiscard]] std::size_t additions() const noexcept { return additions_; }
+  [[nodiscard]] std::size_t sample_size() const noexcept { return sample_; }
+
+ private:
+  // Four rows of sixteen 4-bit counters (two a byte), and 256 doorkeeper bits.
+  struct alignas(64) Block {
+    std::uint8_t counters[depth * 16 / 2]{};
+    std::uint64_t door[4]{};
+  };
+
+  [[nodiscard]] Block& block(std::uint64_t g) noexcept { return blocks_[g & (blocks_.size() - 1)]; }
+  [[nodiscard]] const Block& block(std::uint64_t g) const noexcept { return blocks_[g & (blocks_.size() - 1)]; }
+  // Row r's counter: four bits of g per row, from bit 24 up (the low bits picked the block).
+  [[nodiscard]] static std::size_t counter(std::uint64_t g, std::size_t r) noexcept {
+    return r * 16 + static_cast<std::size_t>((g >> (24 + 4 * r)) & 15);
+  }
+  [[nodiscard]] static std::uint64_t door_bit(std::uint64_t g, int from) noexcept {
+    return std::uint64_t{1} << ((g >> from) & 63);
+  }
+
+  void age() noexcept {
+    for (Block& b : blocks_) {
+      // Halves both nibbles of each byte at once.
+      for (std::uint8_t& c : b.counters) c = static_cast<std::uint8_t>((c >> 1) & 0x77u);
+      for (std::uint64_t& w : b.door) w = 0;
+    }
+    additions_ /= 2;
+  }
+
+  std::vector<Block> blocks_;
+  std::size_t additions_ = 0;
+  std::size_t sample_ = 0;
+};
+
+}  // namespace tailbatch::detail

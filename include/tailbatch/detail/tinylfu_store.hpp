@@ -1,0 +1,358 @@
+// One shard's entries, kept by W-TinyLFU (Einziger, Friedman and Manes, "TinyLFU: A Highly
+// Efficient Cache Admission Policy", 2017; the policy of Java's Caffeine):
+//
+//   window     an LRU list of about 1 % of the entries: every new entry lands here, so a
+//              burst of new keys is cached at once and has time to prove itself;
+//   probation  the main area's entries not hit since they entered it (LRU);
+//   protected  main-area entries hit again while in probation (about 80 % of the main
+//              area); when it overflows its oldest go back to probation. Ordered by
+//              CLOCK's second chance rather than exact LRU: a hit marks the entry, and a
+//              marked entry reaching the cold end is moved back to the hot end instead of
+//              leaving, so hits on the hottest entries write nothing but one flag.
+//
+// When the window overflows while the shard is full, its oldest entry (the candidate)
+// competes with the main area's next victim (probation's oldest): the one the frequency
+// sketch has seen more often stays, the other is evicted. A scan of keys each seen once
+// therefore passes through the window and leaves, and never flushes the hot main area.
+// Ties go to the incumbent.
+//
+// Bounded by entries and by bytes (each entry's size is given by the caller). Not
+// thread-safe: ResultCache holds one per shard, under the shard's lock.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+#include <utility>
+
+#include <tailbatch/detail/frequency_sketch.hpp>
+
+namespace tailbatch::detail {
+
+// A key by address with its precomputed (mixed) hash: maps look keys up without hashing
+// them again.
+template <class Key>
+struct KeyRef {
+  const Key* key;
+  std::uint64_t hash;
+};
+
+struct KeyRefHash {
+  template <class Key>
+  std::size_t operator()(const KeyRef<Key>& r) const noexcept {
+    return static_cast<std::size_t>(r.hash);
+  }
+};
+
+template <class Key, class KeyEqual>
+struct KeyRefEqual {
+  KeyEqual eq;
+  bool operator()(const KeyRef<Key>& a, const KeyRef<Key>& b) const {
+    return a.key == b.key || (a.hash == b.hash && eq(*a.key, *b.key));
+  }
+};
+
+// What one call evicted.
+struct EvictionTally {
+  std::uint64_t capacity = 0;  // evicted for room (including admission losers)
+  std::uint64_t expired = 0;   // dropped because their time-to-live had passed
+};
+
+template <class Key, class Value, class KeyEqual, class TimePoint>
+class TinyLfuStore {
+ public:
+  enum class Segment : std::uint8_t { window, probation, protect };
+
+  struct Node {
+    Node(Key k, Value v, std::uint64_t h, std::size_t b, TimePoint e)
+        : key(std::move(k)), value(std::move(v)), hash(h), bytes(b), expires(e) {}
+    Key key;
+    Value value;
+    std::uint64_t hash;
+    std::size_t bytes;
+    TimePoint expires;
+    Node* prev = nullptr;  // toward the most recently used end
+    Node* next = nullptr;  // toward the least recently used end
+    Segment segment = Segment::window;
+    bool referenced = false;  // protected only: hit since it last reached the cold end
+  };
+
+  // max_entries >= 1; max_bytes: the byte bound (SIZE_MAX: none). Allocates.
+  TinyLfuStore(std::size_t max_entries, std::size_t max_bytes, KeyEqual eq)
+      : eq_(std::move(eq)),
+        slots_(16),
+        sketch_(max_entries),
+        max_entries_(max_entries),
+        max_bytes_(max_bytes) {
+    window_cap_ = std::max<std::size_t>(1, max_entries / 100);
+    const std::size_t main_cap = max_entries > window_cap_ ? max_entries - window_cap_ : 0;
+    protected_cap_ = main_cap * 8 / 10;
+  }
+
+  TinyLfuStore(const TinyLfuStore&) = delete;
+  TinyLfuStore& operator=(const TinyLfuStore&) = delete;
+  ~TinyLfuStore() { clear(); }
+
+  // The entry for key (hash h), or nullptr. Counts nothing. Throws what KeyEqual throws.
+  [[nodiscard]] Node* find(const Key& key, std::uint64_t h) const {
+    for (std::size_t i = home(h);; i = (i + 1) & mask()) {
+      const Slot& s = slots_[i];
+      if (s.node == nullptr) return nullptr;
+      if (s.hash == h && eq_(s.node->key, key)) return s.node;
+    }
+  }
+
+  // Starts loading h's sketch block; safe without the shard's lock (see
+  // FrequencySketch::prefetch), so that the load overlaps taking the lock and the probe.
+  void prefetch_frequency(std::uint64_t h) const noexcept { sketch_.prefetch(h); }
+
+  // Counts one lookup of the key in the frequency sketch.
+  void record(std::uint64_t h) noexcept { sketch_.record(h); }
+  [[nodiscard]] unsigned frequency(std::uint64_t h) const noexcept { return sketch_.estimate(h); }
+
+  // A hit on n: moves it toward the front of its segment (probation promotes to protected).
+  void touch(Node* n) noexcept {
+    switch (n->segment) {
+      case Segment::window:
+        window_.move_to_front(n);
+        break;
+      case Segment::probation:
+        probation_.unlink(n);
+        n->segment = Segment::protect;
+        protected_.push_front(n);
+        while (protected_.count > protected_cap_ && protected_.tail != nullptr) {
+          Node* d = protected_.tail;
+          if (d->referenced) {  // a second chance: hit since it was last here
+            d->referenced = false;
+            protected_.move_to_front(d);
+            continue;
+          }
+          protected_.unlink(d);
+          d->segment = Segment::probation;
+          probation_.push_front(d);
+        }
+        break;
+      case Segment::protect:
+        // Marked, not moved: the list is reordered only when its cold end is reached
+        // (CLOCK's second chance), which spares a hit the writes to two neighbours.
+        n->referenced = true;
+        break;
+    }
+  }
+
+  // Removes n. Never throws (KeyEqual must not).
+  void erase(Node* n) noexcept { remove(n); }
+
+  // Inserts (key, value) or replaces the value of an existing entry, then evicts until
+  // within bounds. Returns false when the entry is not in the store afterwards (larger
+  // than the byte bound alone, or evicted at once). Strong guarantee when it throws
+  // (std::bad_alloc, or what Key/Value moves or KeyEqual throw): nothing changed.
+  bool insert(Key&& key, Value&& value, std::uint64_t h, std::size_t bytes, TimePoint expires,
+              EvictionTally& tally) {
+    if (Node* n = find(key, h)) {
+      if (bytes > max_bytes_) {
+        erase(n);
+        ++tally.capacity;
+        return false;
+      }
+      n->value = std::move(value);
+      bytes_ = bytes_ - n->bytes + bytes;
+      n->bytes = bytes;
+      n->expires = expires;
+      touch(n);
+      return evict(n, tally);
+    }
+    if (bytes > max_bytes_) return false;
+    if (2 * (count_ + 1) > slots_.size()) grow();  // strong: nothing changes if it throws
+    Node* n = new Node(std::move(key), std::move(value), h, bytes, expires);
+    place(Slot{h, n});
+    ++count_;
+    n->segment = Segment::window;
+    window_.push_front(n);
+    bytes_ += bytes;
+    // The window's overflow moves to the main area: freely while there is room, else
+    // through the frequency filter against the main area's victim.
+    while (window_.count > window_cap_) {
+      Node* candidate = window_.tail;
+      window_.unlink(candidate);
+      if (!over_limits()) {
+        candidate->segment = Segment::probation;
+        probation_.push_front(candidate);
+        continue;
+      }
+      Node* victim = main_victim();
+      if (victim != nullptr && sketch_.estimate(candidate->hash) > sketch_.estimate(victim->hash)) {
+        remove(victim);
+        candidate->segment = Segment::probation;
+        probation_.push_front(candidate);
+      } else {
+        bytes_ -= candidate->bytes;
+        erase_node(candidate);
+      }
+      ++tally.capacity;
+    }
+    return evict(n, tally);
+  }
+
+  // Drops every entry whose expiry is at or before now. Returns how many. Never throws.
+  std::size_t erase_expired(TimePoint now) noexcept {
+    std::size_t n = 0;
+    for (List* l : {&window_, &probation_, &protected_}) {
+      for (Node* x = l->head; x != nullptr;) {
+        Node* next = x->next;
+        if (x->expires <= now) {
+          remove(x);
+          ++n;
+        }
+        x = next;
+      }
+    }
+    return n;
+  }
+
+  // Drops every entry and the frequency history. Never throws.
+  void clear() noexcept {
+    for (Slot& s : slots_) {
+      delete s.node;
+      s = Slot{};
+    }
+    window_ = {};
+    probation_ = {};
+    protected_ = {};
+    count_ = 0;
+    bytes_ = 0;
+    sketch_.clear();
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return count_; }
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+  [[nodiscard]] std::size_t max_entries() const noexcept { return max_entries_; }
+  [[nodiscard]] std::size_t max_bytes() const noexcept { return max_bytes_; }
+  [[nodiscard]] std::size_t window_capacity() const noexcept { return window_cap_; }
+  [[nodiscard]] Segment segment_of(const Node* n) const noexcept { return n->segment; }
+
+ private:
+  struct List {
+    Node* head = nullptr;
+    Node* tail = nullptr;
+    std::size_t count = 0;
+
+    void push_front(Node* n) noexcept {
+      n->prev = nullptr;
+      n->next = head;
+      if (head != nullptr) head->prev = n;
+      head = n;
+      if (tail == nullptr) tail = n;
+      ++count;
+    }
+    void unlink(Node* n) noexcept {
+      if (n->prev != nullptr) n->prev->next = n->next; else head = n->next;
+      if (n->next != nullptr) n->next->prev = n->prev; else tail = n->prev;
+      n->prev = n->next = nullptr;
+      --count;
+    }
+    void move_to_front(Node* n) noexcept {
+      if (head == n) return;
+      unlink(n);
+      push_front(n);
+    }
+  };
+
+  List& list_of(Segment s) noexcept {
+    switch (s) {
+      case Segment::window: return window_;
+      case Segment::probation: return probation_;
+      case Segment::protect: return protected_;
+    }
+    return window_;
+  }
+
+  [[nodiscard]] bool over_limits() const noexcept { return count_ > max_entries_ || bytes_ > max_bytes_; }
+
+  [[nodiscard]] Node* main_victim() const noexcept {
+    if (probation_.tail != nullptr) return probation_.tail;
+    return protected_.tail;
+  }
+
+  // Unlinks n from its list and frees it.
+  void remove(Node* n) noexcept {
+    list_of(n->segment).unlink(n);
+    bytes_ -= n->bytes;
+    erase_node(n);
+  }
+
+  // Frees n (already unlinked, its bytes already taken off). Its slot is found by
+  // identity, and the probe run behind it shifted back (no tombstones): no user code runs.
+  void erase_node(Node* n) noexcept {
+    std::size_t i = home(n->hash);
+    while (slots_[i].node != n) i = (i + 1) & mask();
+    for (std::size_t j = (i + 1) & mask(); slots_[j].node != nullptr; j = (j + 1) & mask()) {
+      const std::size_t k = home(slots_[j].hash);
+      // Move j back into the hole at i unless its home lies cyclically in (i, j].
+      const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+      if (!stays) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i] = Slot{};
+    --count_;
+    delete n;
+  }
+
+  // The open-addressing table: linear probing, at most half full, keyed by the mixed
+  // hash (its top bits pick the home slot: the low ones picked the shard).
+  struct Slot {
+    std::uint64_t hash = 0;
+    Node* node = nullptr;
+  };
+  [[nodiscard]] std::size_t mask() const noexcept { return slots_.size() - 1; }
+  [[nodiscard]] std::size_t home(std::uint64_t h) const noexcept { return static_cast<std::size_t>(h >> shift_); }
+  void place(Slot s) noexcept {
+    std::size_t i = home(s.hash);
+    while (slots_[i].node != nullptr) i = (i + 1) & mask();
+    slots_[i] = s;
+  }
+  void grow() {
+    std::vector<Slot> bigger(slots_.size() * 2);  // may throw: nothing changed yet
+    bigger.swap(slots_);
+    --shift_;
+    for (const Slot& s : bigger) {
+      if (s.node != nullptr) place(s);
+    }
+  }
+
+  // Evicts main-area victims, then window entries, until within bounds. Returns whether
+  // `kept` survived.
+  bool evict(const Node* kept, EvictionTally& tally) noexcept {
+    bool survived = true;
+    while (over_limits()) {
+      Node* v = main_victim();
+      if (v == nullptr) v = window_.tail;
+      if (v == nullptr) break;
+      if (v == kept) survived = false;
+      remove(v);
+      ++tally.capacity;
+    }
+    return survived;
+  }
+
+  KeyEqual eq_;
+  std::vector<Slot> slots_;
+  unsigned shift_ = 64 - 4;  // 16 slots
+  std::size_t count_ = 0;
+  FrequencySketch sketch_;
+  List window_;
+  List probation_;
+  List protected_;
+  std::size_t max_entries_;
+  std::size_t max_bytes_;
+  std::size_t window_cap_ = 1;
+  std::size_t protected_cap_ = 0;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace tailbatch::detail

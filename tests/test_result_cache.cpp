@@ -1,0 +1,472 @@
+// ResultCache: bounds, time-to-live and admission on their own; coalescing, failures and
+// cancellation with a real Pipeline stepped by poll() on a ManualClock; and a concurrency
+// sweep on a threaded Pipeline.
+#include <tailbatch/result_cache.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <list>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "tailbatch_test.hpp"
+
+using namespace tailbatch;
+using namespace std::chrono_literals;
+
+namespace {
+
+using ManualCache = ResultCache<int, int, std::hash<int>, std::equal_to<int>, ManualClock>;
+using ManualPipeline = Pipeline<int, int, FixedWindow, HostLanes, AdmitAll, ManualClock>;
+
+// Records every batch the model sees; answers x -> 10x; throws for 13.
+struct Log {
+  std::vector<std::vector<int>> batches;
+  auto model() {
+    return [this](std::span<const int> in, std::span<int> out, HostLane&) {
+      batches.emplace_back(in.begin(), in.end());
+      for (std::size_t i = 0; i < in.size(); ++i) {
+        if (in[i] == 13) throw std::runtime_error("unlucky");
+        out[i] = in[i] * 10;
+      }
+    };
+  }
+  [[nodiscard]] std::size_t executed(int key) const {
+    std::size_t n = 0;
+    for (const auto& b : batches) {
+      for (int x : b) n += x == key ? 1 : 0;
+    }
+    return n;
+  }
+};
+
+template <class T>
+bool ready(const std::future<T>& f) {
+  return f.wait_for(0s) == std::future_status::ready;
+}
+
+const BatchTime t0 = ManualClock::start();
+
+ManualCache::Config one_shard(std::size_t entries) {
+  ManualCache::Config c;
+  c.max_entries = entries;
+  c.shards = 1;
+  return c;
+}
+
+template <class F>
+std::string invalid_argument_message(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "no exception";
+}
+
+}  // namespace
+
+TEST_CASE("ResultCache: bad configuration names the field") {
+  using Cache = ResultCache<int, int>;
+  CHECK(invalid_argument_message([] { Cache c({.max_entries = 0}); }) == "ResultCache: max_entries must be >= 1");
+  CHECK(invalid_argument_message([] { Cache c({.max_entries = 10, .max_bytes = 100}); }) ==
+        "ResultCache: size_of must be set when max_bytes is set");
+  CHECK(invalid_argument_message([] { Cache c({.max_entries = 10, .ttl = -1s}); }) == "ResultCache: ttl must be >= 0");
+  CHECK(invalid_argument_message([] { Cache c({.max_entries = 100, .shards = 3}); }) ==
+        "ResultCache: shards must be a power of two, at most 256");
+  CHECK(invalid_argument_message([] { Cache c({.max_entries = 2, .shards = 4}); }) ==
+        "ResultCache: max_entries must be >= shards");
+}
+
+TEST_CASE("ResultCache: try_get, insert, erase and the hit/miss counts") {
+  ManualCache cache(one_shard(8));
+  CHECK_FALSE(cache.try_get(1).has_value());
+  CHECK(cache.insert(1, 10));
+  REQUIRE(cache.try_get(1).has_value());
+  CHECK(*cache.try_get(1) == 10);
+  CHECK(cache.insert(1, 11));  // replaces
+  CHECK(*cache.try_get(1) == 11);
+  const CacheStats s = cache.stats();
+  CHECK(s.hits == 3);
+  CHECK(s.misses == 1);
+  CHECK(s.entries == 1);
+  CHECK(cache.size_approx() == 1);
+  CHECK(cache.erase(1));
+  CHECK_FALSE(cache.erase(1));
+  CHECK_FALSE(cache.try_get(1).has_value());
+  CHECK(cache.size_approx() == 0);
+}
+
+TEST_CASE("ResultCache: entries expire after the time-to-live on the cache's clock") {
+  ManualClock clock;
+  ManualCache::Config c = one_shard(8);
+  c.ttl = 100ms;
+  ManualCache cache(c, {}, {}, clock);
+  CHECK(cache.insert(1, 10));
+  clock.advance(99ms);
+  CHECK(cache.try_get(1).has_value());
+  CHECK(cache.insert(2, 20));  // inserted at t0 + 99 ms
+  clock.advance(1ms);          // t0 + 100 ms: entry 1 has lived its 100 ms
+  CHECK_FALSE(cache.try_get(1).has_value());
+  CHECK(cache.try_get(2).has_value());
+  CHECK(cache.stats().expired == 1);
+  clock.advance(99ms);
+  CHECK(cache.erase_expired() == 1);  // entry 2, without a lookup
+  CHECK(cache.size_approx() == 0);
+  CHECK(cache.stats().expired == 2);
+}
+
+TEST_CASE("ResultCache: never holds more entries than max_entries") {
+  for (std::size_t shards : {1u, 4u}) {
+    ManualCache::Config c;
+    c.max_entries = 40;
+    c.shards = shards;
+    ManualCache cache(c);
+    for (int k = 0; k < 1000; ++k) {
+      (void)cache.try_get(k);
+      (void)cache.insert(k, k);
+      REQUIRE(cache.size_approx() <= 40);
+    }
+    const CacheStats s = cache.stats();
+    CHECK(s.entries == cache.size_approx());
+    CHECK(s.entries >= 40 - shards);  // each shard fills its share
+    CHECK(s.evictions == s.inserts - s.entries);
+  }
+}
+
+TEST_CASE("ResultCache: never holds more bytes than max_bytes; an oversized value is not stored") {
+  using Cache = ResultCache<int, std::string, std::hash<int>, std::equal_to<int>, ManualClock>;
+  Cache::Config c;
+  c.max_entries = 1000;
+  c.max_bytes = 100;
+  c.shards = 1;
+  c.size_of = [](const int&, const std::string& v) { return v.size(); };
+  Cache cache(c);
+  for (int k = 0; k < 200; ++k) {
+    (void)cache.insert(k, std::string(static_cast<std::size_t>(1 + k % 30), 'x'));
+    REQUIRE(cache.bytes_approx() <= 100);
+  }
+  CHECK(cache.stats().bytes == cache.bytes_approx());
+  CHECK(cache.bytes_approx() > 50);  // it does fill up
+  CHECK_FALSE(cache.insert(9999, std::string(101, 'y')));
+  CHECK_FALSE(cache.try_get(9999).has_value());
+  CHECK(cache.bytes_approx() <= 100);
+}
+
+TEST_CASE("ResultCache: a scan of one-hit keys does not evict the hot set (admission)") {
+  // 50 hot keys looked up in turn, with three never-repeated keys between consecutive hot
+  // lookups: a hot key comes back after 200 lookups, twice the cache's 100 entries, so
+  // an LRU cache would lose every hot key before its next use.
+  ManualCache cache(one_shard(100));
+  auto lookup = [&](int k) {
+    if (cache.try_get(k)) return true;
+    (void)cache.insert(k, k);
+    return false;
+  };
+  int scan = 1'000'000;
+  std::size_t hot_hits = 0;
+  std::size_t hot_lookups = 0;
+  std::size_t scan_hits = 0;
+  for (int round = 0; round < 100; ++round) {
+    for (int h = 0; h < 50; ++h) {
+      const bool hit = lookup(h);
+      if (round >= 10) {
+        hot_hits += hit ? 1 : 0;
+        ++hot_lookups;
+      }
+      for (int i = 0; i < 3; ++i) scan_hits += lookup(scan++) ? 1 : 0;
+    }
+  }
+  CHECK(scan_hits == 0);
+  INFO("hot hits " << hot_hits << " of " << hot_lookups);
+  CHECK(static_cast<double>(hot_hits) >= 0.95 * static_cast<double>(hot_lookups));
+
+  // The same stream through an exact LRU of the same size keeps none of them.
+  std::list<int> order;
+  std::unordered_map<int, std::list<int>::iterator> where;
+  std::size_t lru_hot_hits = 0;
+  scan = 1'000'000;
+  auto lru = [&](int k) {
+    auto it = where.find(k);
+    if (it != where.end()) {
+      order.splice(order.begin(), order, it->second);
+      return true;
+    }
+    order.push_front(k);
+    where[k] = order.begin();
+    if (order.size() > 100) {
+      where.erase(order.back());
+      order.pop_back();
+    }
+    return false;
+  };
+  for (int round = 0; round < 100; ++round) {
+    for (int h = 0; h < 50; ++h) {
+      lru_hot_hits += lru(h) && round >= 10 ? 1 : 0;
+      for (int i = 0; i < 3; ++i) (void)lru(scan++);
+    }
+  }
+  CHECK(lru_hot_hits == 0);
+}
+
+TEST_CASE("ResultCache + Pipeline: identical requests in flight share one batch slot") {
+  ManualClock clock;
+  Log log;
+  ManualPipeline p(log.model(), FixedWindow{4, 10ms}, {}, clock);
+  MetricsRegistry registry;
+  ManualCache::Config c = one_shard(100);
+  c.metrics = &registry;
+  ManualCache cache(c, {}, {}, clock);
+
+  std::vector<std::future<Outcome<int>>> f;
+  f.push_back(cache.submit(p, 7));
+  f.push_back(cache.submit(p, 7));
+  f.push_back(cache.submit(p, 8));
+  f.push_back(cache.submit(p, 7));
+  CHECK(p.stats().submitted == 2);  // 7 once, 8 once
+  CHECK(cache.stats().in_flight == 2);
+  CHECK(p.poll().batches == 0);
+  clock.advance(10ms);
+  CHECK(p.poll().batches == 1);
+  REQUIRE(log.batches.size() == 1);
+  CHECK(log.batches[0] == std::vector<int>{7, 8});
+  const int want[] = {70, 70, 80, 70};
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    REQUIRE(ready(f[i]));
+    CHECK(f[i].get().value() == want[i]);
+  }
+  CacheStats s = cache.stats();
+  CHECK(s.misses == 2);
+  CHECK(s.coalesced == 2);
+  CHECK(s.in_flight == 0);
+  CHECK(s.entries == 2);
+
+  // A hit completes before submit returns and never reaches the queue.
+  int got = 0;
+  cache.submit(p, 7, {}, [&](Outcome<int>&& o) { got = o.value(); });
+  CHECK(got == 70);
+  CHECK(p.stats().submitted == 2);
+  CHECK(cache.stats().hits == 1);
+
+  const std::string text = registry.prometheus();
+  CHECK(text.find("tailbatch_cache_hits_total 1") != std::string::npos);
+  CHECK(text.find("tailbatch_cache_misses_total 2") != std::string::npos);
+  CHECK(text.find("tailbatch_cache_coalesced_total 2") != std::string::npos);
+  CHECK(text.find("tailbatch_cache_entries 2") != std::string::npos);
+  CHECK(text.find("tailbatch_cache_evictions_total{reason=\"capacity\"} 0") != std::string::npos);
+}
+
+TEST_CASE("ResultCache + Pipeline: a failed outcome reaches every waiter and is not cached") {
+  ManualClock clock;
+  Log log;
+  ManualPipeline p(log.model(), FixedWindow{4, 10ms}, {}, clock);
+  ManualCache cache(one_shard(100), {}, {}, clock);
+  auto a = cache.submit(p, 13);
+  auto b = cache.submit(p, 13);
+  clock.advance(10ms);
+  (void)p.poll();
+  REQUIRE(ready(a));
+  REQUIRE(ready(b));
+  const Outcome<int> oa = a.get();
+  const Outcome<int> ob = b.get();
+  CHECK(oa.status() == Status::failed);
+  CHECK(oa.message() == "unlucky");
+  CHECK(ob.status() == Status::failed);
+  CHECK(cache.stats().entries == 0);
+  auto again = cache.submit(p, 13);  // a miss again: goes to the Pipeline
+  CHECK(p.stats().submitted == 2);
+  CHECK_FALSE(ready(again));
+  clock.advance(10ms);
+  (void)p.poll();
+  CHECK(again.get().status() == Status::failed);
+  CHECK(log.executed(13) == 2);
+}
+
+TEST_CASE("ResultCache + Pipeline: a cancelled request is not cached") {
+  ManualClock clock;
+  Log log;
+  ManualPipeline p(log.model(), FixedWindow{4, 10ms}, {}, clock);
+  ManualCache cache(one_shard(100), {}, {}, clock);
+  CancellationSource src;
+  auto a = cache.submit(p, 5, SubmitOptions{.cancel = src.get_token()});
+  src.request_stop();
+  REQUIRE(ready(a));  // at once, in the cancelling thread
+  CHECK(a.get().status() == Status::cancelled);
+  clock.advance(10ms);
+  (void)p.poll();
+  CHECK(log.executed(5) == 0);  // nobody wanted it: removed from the queue
+  CHECK(p.stats().count(Status::cancelled) == 1);
+  CHECK(cache.stats().entries == 0);
+  CHECK(cache.stats().in_flight == 0);
+  // An already cancelled token completes at once and submits nothing.
+  auto b = cache.submit(p, 5, SubmitOptions{.cancel = src.get_token()});
+  REQUIRE(ready(b));
+  CHECK(b.get().status() == Status::cancelled);
+  CHECK(p.stats().submitted == 1);
+}
+
+TEST_CASE("ResultCache + Pipeline: a cancelled leader does not cancel its followers") {
+  ManualClock clock;
+  Log log;
+  ManualPipeline p(log.model(), FixedWindow{4, 10ms}, {}, clock);
+  ManualCache cache(one_shard(100), {}, {}, clock);
+  CancellationSource leader_src;
+  CancellationSource follower_src;
+  auto leader = cache.submit(p, 6, SubmitOptions{.cancel = leader_src.get_token()});
+  auto follower = cache.submit(p, 6, SubmitOptions{.cancel = follower_src.get_token()});
+  auto plain = cache.submit(p, 6);
+  CHECK(cache.stats().coalesced == 2);
+  leader_src.request_stop();
+  REQUIRE(ready(leader));
+  CHECK(leader.get().status() == Status::cancelled);
+  follower_src.request_stop();  // one of two followers gives up too
+  REQUIRE(ready(follower));
+  CHECK(follower.get().status() == Status::cancelled);
+  clock.advance(10ms);
+  (void)p.poll();
+  REQUIRE(ready(plain));
+  CHECK(plain.get().value() == 60);
+  CHECK(log.executed(6) == 1);
+  CHECK(cache.try_get(6) == std::optional<int>(60));
+}
+
+TEST_CASE("ResultCache + Pipeline: a follower joining a request that everyone cancelled still gets a result") {
+  ManualClock clock;
+  Log log;
+  ManualPipeline p(log.model(), FixedWindow{4, 10ms}, {}, clock);
+  ManualCache cache(one_shard(100), {}, {}, clock);
+  CancellationSource src;
+  auto leader = cache.submit(p, 4, SubmitOptions{.cancel = src.get_token()});
+  src.request_stop();  // the only waiter: the shared request is cancelled in the Pipeline
+  REQUIRE(ready(leader));
+  auto late = cache.submit(p, 4);  // joins before the Pipeline has seen the cancellation
+  CHECK(cache.stats().coalesced == 1);
+  clock.advance(10ms);
+  (void)p.poll();  // the shared request completes cancelled: submitted again for `late`
+  CHECK(cache.stats().resubmitted == 1);
+  CHECK(p.stats().submitted == 2);
+  CHECK_FALSE(ready(late));
+  clock.advance(10ms);
+  (void)p.poll();
+  REQUIRE(ready(late));
+  CHECK(late.get().value() == 40);
+  CHECK(log.executed(4) == 1);
+}
+
+TEST_CASE("ResultCache + Pipeline: deadlines are never stretched by coalescing") {
+  ManualClock clock;
+  Log log;
+  ManualPipeline p(log.model(), FixedWindow{4, 10ms}, {}, clock);
+  ManualCache cache(one_shard(100), {}, {}, clock);
+  // The leader's deadline passes in the queue; its patient follower is submitted again.
+  auto leader = cache.submit(p, 3, SubmitOptions{.deadline = t0 + 5ms});
+  auto patient = cache.submit(p, 3, SubmitOptions{.deadline = t0 + 100ms});
+  // A tighter deadline than the shared request's runs on its own.
+  auto hasty = cache.submit(p, 3, SubmitOptions{.deadline = t0 + 2ms});
+  CacheStats s = cache.stats();
+  CHECK(s.coalesced == 1);
+  CHECK(s.misses == 2);
+  CHECK(p.stats().submitted == 2);
+  clock.advance(10ms);
+  (void)p.poll();
+  REQUIRE(ready(leader));
+  CHECK(leader.get().status() == Status::deadline_exceeded);
+  REQUIRE(ready(hasty));
+  CHECK(hasty.get().status() == Status::deadline_exceeded);
+  CHECK_FALSE(ready(patient));
+  CHECK(cache.stats().resubmitted == 1);
+  clock.advance(10ms);
+  (void)p.poll();
+  REQUIRE(ready(patient));
+  CHECK(patient.get().value() == 30);
+  CHECK(log.executed(3) == 1);
+}
+
+TEST_CASE("ResultCache + Pipeline: a throwing callback is counted and harms no other waiter") {
+  ManualClock clock;
+  Log log;
+  ManualPipeline p(log.model(), FixedWindow{4, 10ms}, {}, clock);
+  ManualCache cache(one_shard(100), {}, {}, clock);
+  cache.submit(p, 2, {}, [](Outcome<int>&&) { throw std::runtime_error("callback"); });
+  auto other = cache.submit(p, 2);
+  clock.advance(10ms);
+  (void)p.poll();
+  REQUIRE(ready(other));
+  CHECK(other.get().value() == 20);
+  CHECK(cache.stats().callback_exceptions == 1);
+}
+
+TEST_CASE("ResultCache + threaded Pipeline: concurrent submits from 1, 2, 3, 7 and 16 threads") {
+  for (int threads : {1, 2, 3, 7, 16}) {
+    Pipeline<int, int> p(
+        [](std::span<const int> in, std::span<int> out, HostLane&) {
+          for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i] * 10;
+        },
+        FixedWindow{16, 200us});
+    ResultCache<int, int> cache({.max_entries = 64, .shards = 4});
+    const int per_thread = 2000 / test::sanitizer_slowdown;
+    std::atomic<int> wrong{0};
+    std::atomic<int> done{0};
+    std::atomic<int> get_misses{0};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        for (int i = 0; i < per_thread; ++i) {
+          const int key = (i * 7 + t) % 256;  // more keys than entries: evictions too
+          if (i % 5 == 0) {
+            const auto v = cache.try_get(key);
+            if (!v) get_misses.fetch_add(1);
+            if (v && *v != key * 10) wrong.fetch_add(1);
+            continue;
+          }
+          cache.submit(p, key, {}, [&, key](Outcome<int>&& o) {
+            if (!o.ok() || o.value() != key * 10) wrong.fetch_add(1);
+            done.fetch_add(1);
+          });
+        }
+      });
+    }
+    for (auto& th : pool) th.join();
+    const int expected = threads * (per_thread - (per_thread + 4) / 5);
+    const auto give_up = std::chrono::steady_clock::now() + 30s;
+    while (done.load() < expected && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(1ms);
+    p.shutdown();
+    INFO("threads " << threads);
+    CHECK(done.load() == expected);
+    CHECK(wrong.load() == 0);
+    const CacheStats s = cache.stats();
+    CHECK(s.in_flight == 0);
+    CHECK(s.entries <= 64);
+    CHECK(s.hits + s.misses + s.coalesced ==
+          static_cast<std::uint64_t>(threads) * static_cast<std::uint64_t>(per_thread));
+    // Every miss of submit() went to the Pipeline once; joins and hits never did.
+    CHECK(p.stats().submitted == s.misses - static_cast<std::uint64_t>(get_misses.load()) + s.resubmitted);
+  }
+}
+
+TEST_CASE("FrequencySketch: the doorkeeper absorbs first sightings; counts saturate; aging halves") {
+  detail::FrequencySketch sketch(64);
+  const std::uint64_t a = detail::mix64(1);
+  const std::uint64_t b = detail::mix64(2);
+  CHECK(sketch.estimate(a) == 0);
+  sketch.record(a);
+  CHECK(sketch.estimate(a) == 1);  // the doorkeeper only
+  for (int i = 0; i < 5; ++i) sketch.record(a);
+  CHECK(sketch.estimate(a) == 6);  // five counted, plus the doorkeeper
+  CHECK(sketch.estimate(b) <= 1);  // another key: at most a collision in the doorkeeper
+  for (int i = 0; i < 40; ++i) sketch.record(a);
+  CHECK(sketch.estimate(a) == detail::FrequencySketch::max_count + 1);
+  // Fill the sample with other keys until the sketch ages once: a's count halves and the
+  // doorkeeper forgets it.
+  const std::size_t left = sketch.sample_size() - sketch.additions();
+  for (std::size_t i = 0; i < left; ++i) sketch.record(detail::mix64(1000 + i));
+  CHECK(sketch.additions() == sketch.sample_size() / 2);
+  const unsigned aged = sketch.estimate(a);
+  CHECK(aged >= 7);  // 15 / 2, plus collisions from the filler keys at most
+  CHECK(aged <= 8);
+}
