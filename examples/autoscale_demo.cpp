@@ -3,7 +3,7 @@
 // A fleet of replicas of the guide's Example 1 classifier (a batch of b costs
 // 20 + 3·(b − 1) ms, 2 lanes per replica, 5 ms network, FixedWindow 8 ms / 16 per replica)
 // sits behind a least-outstanding-requests load balancer. The load rises from a base rate
-// to three times it and falls back (a traffic spike; by default each change takes 60 s, and
+// to three times it and falls back (a traffic spike; by default each change takes 90 s, and
 // --ramp-s 0 makes it a step). A new replica takes 30 s to become ready. Three policies
 // size the fleet:
 //
@@ -22,7 +22,7 @@
 // late), p95 and p99 over the run, replica-seconds (cost) and the most replicas; with
 // --json one object per policy. It writes SVG plots of p95 and of replicas over time.
 //
-//   autoscale_demo [--json] [--out-dir DIR] [--base-rps 1000] [--peak-rps 3000] [--ramp-s 60]
+//   autoscale_demo [--json] [--out-dir DIR] [--base-rps 1000] [--peak-rps 3000] [--ramp-s 90]
 //                  [--cold-start-s 30] [--interval-s 5] [--scale-down-window-s 120]
 //                  [--slo-p95-ms 150] [--round-robin] [--seed 42]
 //
@@ -55,7 +55,7 @@ struct Options {
   std::string out_dir;
   double base_rps = 1000.0;
   double peak_rps = 3000.0;
-  double ramp_s = 60.0;
+  double ramp_s = 90.0;
   double cold_start_s = 30.0;
   double interval_s = 5.0;
   double scale_down_window_s = 120.0;

@@ -252,6 +252,21 @@ TEST_CASE("lead_time projects a rising arrival rate over a replica's start-up") 
   CHECK(ahead.last().projected_rps == Approx(780.0));
 }
 
+TEST_CASE("a projected rise inside the tolerance orders nothing") {
+  const auto t0 = ManualClock::start();
+  auto c = config100();
+  c.lead_time = 35s;
+  c.trend_window = 10s;
+  Autoscaler a(c);
+  // 280 -> 284 rps in 10 s is noise: projected 284 + 0.4 x 35 = 298 rps is 1.06 x the
+  // target on 4 replicas, inside the 10 % tolerance, although ceil(298 / 70) = 5.
+  CHECK(a.evaluate(t0, 4, fleet(4, 280.0)).desired_replicas == 4);
+  const auto d = a.evaluate(t0 + 10s, 4, fleet(4, 284.0));
+  CHECK(d.projected_rps == Approx(298.0));
+  CHECK(d.trigger == ScaleTrigger::none);
+  CHECK(d.desired_replicas == 4);
+}
+
 TEST_CASE("the Little's-law check flags inputs that cannot all be true") {
   ManualClock clock;
   tailbatch::MetricsRegistry registry;

@@ -449,7 +449,14 @@ class Autoscaler {
         d.trigger = by_demand > by_rate ? ScaleTrigger::queue : ScaleTrigger::utilization;
         if (rec == current) d.trigger = ScaleTrigger::none;
       }
-      if (d.projected_rps > d.arrival_rps && by_trend > rec && by_trend > current) {
+      // The projection is noisy (it extrapolates a difference of two rates): it acts only
+      // when it takes the utilisation past the tolerance, like the present demand.
+      const double projected_ratio =
+          current > 0 ? (d.projected_rps + queue_rps) / (static_cast<double>(current) * d.capacity_rps) /
+                            config_.target_utilization
+                      : 2.0;
+      if (d.projected_rps > d.arrival_rps && projected_ratio > 1.0 + config_.tolerance && by_trend > rec &&
+          by_trend > current) {
         rec = by_trend;
         d.trigger = ScaleTrigger::trend;
       }
