@@ -279,3 +279,13 @@ TEST_CASE("bad fleet configuration throws std::invalid_argument naming the field
   c.max_replicas = 0;
   CHECK_INVALID((void)tailbatch::simulate_fleet(c, batching), "max_replicas");
 }
+
+TEST_CASE("a scaling policy that throws ends the run with its exception, no request touched after") {
+  auto c = example1(900.0, 10s, 1);  // overloaded: requests are queued when the policy runs
+  c.evaluation_interval = 2s;
+  c.scaling_policy = [](const FleetObservation& o) -> std::size_t {
+    if (o.ready.front().queue_depth > 0) throw std::runtime_error("policy failed");
+    return o.provisioned;
+  };
+  CHECK_THROWS_AS((void)tailbatch::simulate_fleet(c, batching), std::runtime_error);
+}

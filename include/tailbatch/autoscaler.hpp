@@ -104,7 +104,8 @@ class ScalingBehavior {
   using time_point = std::chrono::steady_clock::time_point;
 
   // Validates the rules. Throws std::invalid_argument naming the field (a negative window,
-  // a policy value < 1 or period <= 0). Allocates nothing. Not thread-safe.
+  // a policy value < 1 or period <= 0). Allocates nothing. Not thread-safe: construct before
+  // sharing.
   explicit ScalingBehavior(ScalingBehaviorConfig config = {}) : config_(std::move(config)) {
     check(config_.scale_up, "ScalingBehavior: scale_up");
     check(config_.scale_down, "ScalingBehavior: scale_down");
@@ -116,7 +117,8 @@ class ScalingBehavior {
   // policies against the replicas at the start of each policy's period. Records the
   // recommendation and, if the count changes, the scale event. `now` must not go back in
   // time between calls. Allocates (history); throws std::bad_alloc, and
-  // std::invalid_argument if current or recommended is negative. Not thread-safe.
+  // std::invalid_argument if current or recommended is negative. Not thread-safe: one caller
+  // at a time (it updates the history).
   [[nodiscard]] int apply(time_point now, int current, int recommended) {
     if (current < 0) detail::throw_invalid_argument("ScalingBehavior::apply: current must be >= 0");
     if (recommended < 0) detail::throw_invalid_argument("ScalingBehavior::apply: recommended must be >= 0");
@@ -351,7 +353,7 @@ class Autoscaler {
   //   tailbatch_autoscaler_inputs_consistent     gauge  1, or 0 when Little's law fails
   //   tailbatch_autoscaler_evaluations_total     counter
   // Allocates. Throws std::invalid_argument naming the field, std::bad_alloc. Not
-  // thread-safe.
+  // thread-safe: construct before sharing.
   explicit Autoscaler(AutoscalerConfig config) : config_(std::move(config)), behavior_(config_.behavior) {
     const auto& c = config_;
     if (!(std::isfinite(c.capacity_rps) && c.capacity_rps > 0.0))
@@ -387,7 +389,8 @@ class Autoscaler {
   // ready replica the demand is unknown and only min/max and the behaviour rules apply.
   // `now` must not go back between calls. Updates the exported gauges. Allocates a little
   // (history, the check's explanation). Throws std::invalid_argument naming a reading that
-  // is negative or not finite, or a negative current; std::bad_alloc. Not thread-safe.
+  // is negative or not finite, or a negative current; std::bad_alloc. Not thread-safe: one
+  // evaluator at a time (it keeps the rate and behaviour history).
   [[nodiscard]] AutoscaleDecision evaluate(time_point now, int current, std::span<const ReplicaSignals> replicas) {
     using std::chrono::duration;
     if (current < 0) detail::throw_invalid_argument("Autoscaler::evaluate: current must be >= 0");
@@ -481,8 +484,8 @@ class Autoscaler {
     return d;
   }
 
-  // The last decision (a default one before the first evaluate()). Thread-safe against
-  // other const members only.
+  // The last decision (a default one before the first evaluate()). Never blocks. Not
+  // thread-safe: a concurrent evaluate() races it (const members alone are fine).
   [[nodiscard]] const AutoscaleDecision& last() const noexcept { return last_; }
   // The configuration in force. Thread-safe.
   [[nodiscard]] const AutoscalerConfig& config() const noexcept { return config_; }

@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -35,7 +36,9 @@
 #include <memory>
 #include <optional>
 #include <queue>
+#include <span>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -251,8 +254,6 @@ template <BatchPolicy Policy>
   LatencyHistogram hist(config.histogram);
   constexpr std::int64_t failed_latency = std::numeric_limits<std::int64_t>::max();
 
-  std::vector<std::unique_ptr<Replica>> replicas;  // alive: starting, ready or draining
-  std::size_t next_id = 0;
   std::priority_queue<detail::FleetFinish, std::vector<detail::FleetFinish>, std::greater<>> finishes;
   std::uint64_t finish_order = 0;
   BatchTime last_completion = start;
@@ -277,6 +278,11 @@ template <BatchPolicy Policy>
     BatchTime* last_completion;
     decltype(record_step)* record;
   } ctx{&config, &r, &hist, &finishes, &finish_order, &last_completion, &record_step};
+
+  // Declared after everything the requests' callbacks reach, so that if the scaling policy
+  // throws, the replicas (whose destructors complete what they still hold) go first.
+  std::vector<std::unique_ptr<Replica>> replicas;  // alive: starting, ready or draining
+  std::size_t next_id = 0;
 
   auto provision = [&](BatchTime now, bool ready_now) {
     auto rep = std::make_unique<Replica>(next_id++, config.lanes, clock);
