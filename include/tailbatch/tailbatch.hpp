@@ -10,6 +10,7 @@
 #include <tailbatch/concurrency_limiter.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
+#include <tailbatch/autoscaler.hpp>
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/lanes.hpp>
 #include <tailbatch/pipeline.hpp>
