@@ -15,6 +15,7 @@
 #include <tailbatch/pipeline.hpp>
 #include <tailbatch/token_streamer.hpp>
 #include <tailbatch/continuous_batcher.hpp>
+#include <tailbatch/serving.hpp>
 #include <tailbatch/reference/tokenizer.hpp>
 #include <tailbatch/reference/classifier.hpp>
 #include <tailbatch/reference/classifier_model.hpp>
