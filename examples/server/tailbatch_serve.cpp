@@ -306,7 +306,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Called on the strand when the server drains: an idle connection is closed now, a
   // busy one after its response.
   void drain() {
-    if (reading_header_ && buffer_.size() == 0) close();
+    if (reading_header_ && buffer_.size() == 0) hard_close();
   }
 
   // ---- responses ---------------------------------------------------------------------
@@ -456,7 +456,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
  private:
   void read_header() {
     reading_header_ = true;
-    if (srv_.draining() && buffer_.size() == 0) return close();
+    if (srv_.draining() && buffer_.size() == 0) return hard_close();
     parser_.emplace();
     parser_->body_limit(srv_.options().max_body_bytes);
     parser_->header_limit(16 * 1024);
@@ -482,7 +482,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_read_error(beast::error_code ec) {
     if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == beast::error::timeout ||
         ec == asio::error::operation_aborted || ec == asio::error::connection_reset || ec == asio::error::bad_descriptor) {
-      return close();
+      return hard_close();
     }
     close_after_ = true;
     if (ec == http::error::body_limit) {
@@ -565,8 +565,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // The response is written (or the client is gone): read the next request, or close.
   void request_done() {
     if (busy_) return;  // a response written before the work ended (cannot happen) waits
-    if (gone_ || close_after_ || srv_.draining()) return close();
     if (watching_) {
+      // The disconnect watch must end before the next read starts.
       want_next_ = true;
       beast::error_code ignored;
       stream_.socket().cancel(ignored);
@@ -576,11 +576,29 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void next_request() {
-    if (gone_ || close_after_ || srv_.draining()) return close();
+    if (gone_) return hard_close();
+    if (close_after_ || srv_.draining()) return close();
     read_header();
   }
 
+  // Closes after a response: stops sending, then reads and drops what the client still
+  // sends (an unread body) for up to a second, so that closing does not reset the
+  // connection before the client has read the response.
   void close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.expires_after(1s);
+    linger();
+  }
+
+  void linger() {
+    stream_.async_read_some(asio::buffer(discard_), [self = shared_from_this()](beast::error_code ec, std::size_t) {
+      if (ec) return self->hard_close();
+      self->linger();
+    });
+  }
+
+  void hard_close() {
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.socket().close(ignored);
@@ -595,6 +613,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::shared_ptr<GenerateJob> generate_job_;
   std::shared_ptr<Batcher::Stream> generate_stream_;
   std::string wq_;  // SSE bytes waiting for the current write to finish
+  std::array<char, 4096> discard_{};
   bool reading_header_ = false;
   bool busy_ = false;        // tailbatch holds this request
   bool watching_ = false;    // a disconnect-watch read is outstanding
