@@ -43,6 +43,10 @@ struct GenerateRequest {
   bool stream = false;
 };
 
+// The parser limits the server reads requests with: headers beyond header_limit_bytes are
+// answered 431 (a body beyond --max-body-bytes gets 413).
+inline constexpr std::size_t header_limit_bytes = 16 * 1024;
+
 // The name of the header that carries a request's time budget in milliseconds.
 inline constexpr std::string_view timeout_header = "X-Request-Timeout-Ms";
 

@@ -459,7 +459,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (srv_.draining() && buffer_.size() == 0) return hard_close();
     parser_.emplace();
     parser_->body_limit(srv_.options().max_body_bytes);
-    parser_->header_limit(16 * 1024);
+    parser_->header_limit(tailbatch_serve::header_limit_bytes);
     stream_.expires_after(std::chrono::milliseconds(srv_.options().idle_timeout_ms));
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_header(ec); });
