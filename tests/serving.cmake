@@ -4,7 +4,15 @@
 # and the SIGTERM drain, and kills every server it started. Needs python3 and curl; where
 # either or the server itself is missing, nothing is registered (the server's CMake says
 # why it was skipped).
-if(NOT TAILBATCH_BUILD_EXAMPLES OR NOT TARGET tailbatch-serve)
+if(NOT TAILBATCH_BUILD_EXAMPLES)
+  return()
+endif()
+# tests/ is configured before examples/: look for what examples/server.cmake needs to
+# build the server, rather than for its target.
+find_package(Boost 1.70 QUIET)
+find_package(nlohmann_json 3 QUIET)
+find_package(CLI11 QUIET)
+if(NOT Boost_FOUND OR NOT nlohmann_json_FOUND OR NOT CLI11_FOUND)
   return()
 endif()
 find_package(Python3 COMPONENTS Interpreter QUIET)
