@@ -475,6 +475,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (ec) return on_read_error(ec);
     ctx_.version = parser_->get().version();
     ctx_.keep_alive = parser_->get().keep_alive();
+    if (ctx_.version >= 11 && beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+      // curl asks before sending a body over 1 KiB, and waits a second for the answer.
+      static const std::string go_on = "HTTP/1.1 100 Continue\r\n\r\n";
+      asio::async_write(stream_, asio::buffer(go_on), [self = shared_from_this()](beast::error_code e, std::size_t) {
+        if (e) return self->hard_close();
+        self->read_body();
+      });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code e, std::size_t) { self->on_body(e); });
   }

@@ -92,6 +92,10 @@ def curl(srv, method, path, body=None, headers=None, timeout=10):
     raw = r.stdout.decode("utf-8", "replace")
     if r.returncode != 0 or not raw.startswith("HTTP/"):
         return (0, {}, "curl exit %d: %s" % (r.returncode, r.stderr.decode()))
+    interim = []
+    while re.match(r"HTTP/1\.1 1\d\d ", raw):  # interim responses: 100 Continue
+        interim.append(raw.split()[1])
+        raw = raw.partition("\r\n\r\n")[2]
     head, _, rest = raw.partition("\r\n\r\n")
     lines = head.split("\r\n")
     status = int(lines[0].split()[1])
@@ -99,6 +103,7 @@ def curl(srv, method, path, body=None, headers=None, timeout=10):
     for l in lines[1:]:
         k, _, v = l.partition(":")
         hdrs[k.strip().lower()] = v.strip()
+    hdrs[":interim"] = interim
     return status, hdrs, rest
 
 
@@ -200,6 +205,9 @@ def main():
     j = json.loads(b) if s == 200 else {}
     check(s == 200 and [r["label"] for r in j.get("results", [])] == ["negative", "neutral", "positive"],
           "classify several texts -> 200 {results: [...]} in order")
+    s, h, b = post_json(a, "/v1/classify", {"texts": ["a fine day out, " * 20] * 6}, {"Expect": "100-continue"})
+    check(s == 200 and h[":interim"] == ["100"] and len(json.loads(b)["results"]) == 6,
+          "Expect: 100-continue is answered 100 before the body is sent, then 200")
     s, _, b = post_json(a, "/v1/classify", {"text": " ".join(["word%d" % i for i in range(300)])})
     check(s == 200 and json.loads(b)["truncated"] is True, "a text longer than the model reads -> truncated: true")
 
