@@ -347,7 +347,9 @@ def main():
     csrv.stop()
 
     # ---- D: SIGTERM with requests in flight ---------------------------------------------
-    d = Server("--max-batch", "4", "--model-delay-ms", "300", "--warmup-rounds", "1", "--drain-timeout-ms", "5000")
+    # Batches of 4 take 300 ms; the drain gives queued work 250 ms: the batch in the model
+    # at SIGTERM completes, what is still queued then is answered 503 shutting_down.
+    d = Server("--max-batch", "4", "--model-delay-ms", "300", "--warmup-rounds", "1", "--drain-timeout-ms", "250")
     d.wait_ready()
     idle = socket.create_connection(("127.0.0.1", d.port), timeout=5)
     idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
@@ -380,6 +382,9 @@ def main():
     codes = [x[0] for x in answers]
     check(all(c in (200, 503) for c in codes) and codes.count(200) >= 1,
           "every request in flight at SIGTERM got its answer (200 or 503): %s" % codes)
+    late = [x for x in answers if x[0] == 503]
+    check(len(late) >= 1 and all(error_of(x[2])["reason"] == "shutting_down" for x in late),
+          "work still queued when the drain timeout passed -> 503 shutting_down")
     try:
         rc = d.proc.wait(timeout=min(15, left()))
     except subprocess.TimeoutExpired:
