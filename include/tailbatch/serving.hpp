@@ -211,8 +211,8 @@ inline void json_escape_append(std::string& out, std::string_view s) {
 // Appends one event: `id: ...` (if id is not empty), `event: ...` (if event is not
 // empty), one `data: ...` line per line of data (at least one, so an empty data still
 // dispatches an event with empty data), and the empty line that ends the event. CR, LF and
-// NUL are removed from id and event. Allocates in out. Throws std::bad_alloc only.
-// Thread-safe (out is the caller's).
+// NUL are removed from id and event. Allocates in out. Throws std::bad_alloc only. Touches
+// nothing but out. Thread-safe.
 inline void append_sse_event(std::string& out, std::string_view event, std::string_view data,
                              std::string_view id = {}) {
   detail::sse_append_single(out, "id", id);
@@ -224,7 +224,7 @@ inline void append_sse_event(std::string& out, std::string_view event, std::stri
 // Appends a comment (`: text`, one comment line per line of text) and an empty line.
 // Clients ignore it; sent every few seconds on an idle stream it keeps proxies and load
 // balancers from closing the connection. Allocates in out; throws std::bad_alloc only.
-// Thread-safe (out is the caller's).
+// Touches nothing but out. Thread-safe.
 inline void append_sse_comment(std::string& out, std::string_view text = "keep-alive") {
   detail::sse_append_lines(out, "", text);
   out.push_back('\n');
@@ -243,7 +243,8 @@ inline void append_sse_retry(std::string& out, std::chrono::milliseconds delay) 
 //   tokens convertible to string_view    their text, concatenated (line breaks in it become
 //                                        separate data lines; the client gets them back)
 // Pass your own callable `void(std::string& out, std::span<const Token>)` to SseEncoder
-// for anything else (a detokenizer, a JSON object).
+// for anything else (a detokenizer, a JSON object). Appends to out (allocating); throws
+// std::bad_alloc only. Stateless. Thread-safe.
 struct DefaultTokenFormat {
   template <class Token>
   void operator()(std::string& out, std::span<const Token> tokens) const {
@@ -335,7 +336,8 @@ class SseEncoder {
   // thread-safe: see the class comment.
   void append_keep_alive(std::string& out, std::string_view text = "keep-alive") { append_sse_comment(out, text); }
 
-  // Tokens encoded so far (plus tokens_before). Never blocks. Not thread-safe.
+  // Tokens encoded so far (plus tokens_before). Never blocks. Not thread-safe: read it
+  // where the appends are ordered.
   [[nodiscard]] std::uint64_t tokens() const noexcept { return tokens_; }
 
  private:
