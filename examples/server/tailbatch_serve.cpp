@@ -252,6 +252,9 @@ class Server {
   SteadyTime started_ = std::chrono::steady_clock::now();
   // Last: destroyed first, with the handlers (and connections) still queued in it.
   asio::io_context ioc_;
+  // The acceptor and the signal handler share a strand: the drain closes the acceptor
+  // while an accept may be completing on another I/O thread.
+  asio::strand<asio::io_context::executor_type> accept_strand_;
   tcp::acceptor acceptor_;
   asio::signal_set signals_;
   std::thread warmup_thread_;
@@ -662,8 +665,9 @@ Server::Server(const Options& o)
       batch_sizes_(o.max_batch),
       classify_rate_(10),
       token_rate_(10),
-      acceptor_(ioc_),
-      signals_(ioc_, SIGINT, SIGTERM) {
+      accept_strand_(asio::make_strand(ioc_)),
+      acceptor_(accept_strand_),
+      signals_(accept_strand_, SIGINT, SIGTERM) {
   limits_.max_generate_tokens = o.gen_max_tokens;
   if constexpr (!ReportsTruncation<ref::Prediction>) {
     const auto words = ref::detail::lexicon_words();

@@ -28,6 +28,10 @@ servers = []
 
 def fail(msg):
     print("FAIL: " + msg, flush=True)
+    for srv in servers:
+        srv.err.seek(0)
+        text = srv.err.read()
+        print("--- stderr of %s (exit %s), last 4000 characters:\n%s" % (" ".join(srv.args), srv.proc.poll(), text[-4000:]))
     raise SystemExit(1)
 
 
@@ -44,7 +48,8 @@ def left():
 class Server:
     def __init__(self, *args):
         self.args = [SERVE, "--port", "0", *args]
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.err = tempfile.TemporaryFile(mode="w+")  # read back on failure; a pipe could fill and block
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.err, text=True)
         servers.append(self)
         line = self._first_line()
         m = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)\n", line or "")
@@ -392,7 +397,11 @@ def main():
     check(rc == 0, "tailbatch-serve exits 0 after draining (exit %d)" % rc)
 
     a.proc.send_signal(signal.SIGTERM)
-    check(a.proc.wait(timeout=min(15, left())) == 0, "an idle server exits 0 on SIGTERM")
+    try:
+        rc = a.proc.wait(timeout=min(15, left()))
+    except subprocess.TimeoutExpired:
+        fail("an idle server did not exit after SIGTERM")
+    check(rc == 0, "an idle server exits 0 on SIGTERM (exit %d)" % rc)
 
 
 if __name__ == "__main__":
