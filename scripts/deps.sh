@@ -3,9 +3,13 @@
 # what is missing with apt-get; otherwise it prints the exact apt-get line and fails.
 set -euo pipefail
 
-packages=(cmake ninja-build g++ clang catch2 libfmt-dev libbenchmark-dev libcli11-dev)
+# libboost-dev (Beast/Asio, header-only) and nlohmann-json3-dev build the example server
+# tailbatch-serve; the core library needs none of these.
+packages=(cmake ninja-build g++ clang catch2 libfmt-dev libbenchmark-dev libcli11-dev
+          libboost-dev nlohmann-json3-dev)
 if [[ "${1:-}" == "--test" ]]; then
-  packages+=(prometheus)  # ships promtool, which checks the Prometheus exposition
+  packages+=(prometheus)        # ships promtool, which checks the Prometheus exposition
+  packages+=(curl python3 wrk)  # tailbatch-serve's end-to-end test and benchmarks/server/run.sh
 fi
 
 missing=()

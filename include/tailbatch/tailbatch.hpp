@@ -18,6 +18,7 @@
 #include <tailbatch/continuous_batcher.hpp>
 #include <tailbatch/result_cache.hpp>
 #include <tailbatch/warmup.hpp>
+#include <tailbatch/serving.hpp>
 #include <tailbatch/reference/tokenizer.hpp>
 #include <tailbatch/reference/classifier.hpp>
 #include <tailbatch/reference/classifier_model.hpp>

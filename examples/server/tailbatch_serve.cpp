@@ -1,0 +1,1119 @@
+// tailbatch-serve: an asynchronous HTTP server around tailbatch, on Boost.Beast/Asio.
+//
+//   POST /v1/classify   {"text": "..."} or {"texts": [...]}   -> the reference classifier,
+//                       through a ConcurrencyLimiter and a batching Pipeline
+//   POST /v1/generate   {"prompt": "...", "max_tokens": N, "stream": true|false}
+//                       -> the reference generator, through a ContinuousBatcher; SSE when
+//                       streaming; a client that disconnects cancels its sequence
+//   GET  /metrics       Prometheus text      GET /v1/stats   JSON summary
+//   GET  /healthz       alive                GET /readyz     warmed up and not draining
+//
+// Threads, and who owns them:
+//   * --io-threads I/O threads (this program's; the main thread is one of them) run every
+//     socket operation, parse requests, submit to tailbatch and write responses. Each
+//     connection's work runs on its own strand. No thread ever waits for a result: the
+//     Pipeline and the ContinuousBatcher complete requests through callbacks, which only
+//     post the result back to the connection's strand.
+//   * The Pipeline owns its worker threads (--lanes of them, one per host lane): they form
+//     batches and run the classifier.
+//   * The ContinuousBatcher owns one decode thread, which runs the generator.
+//   * A warm-up thread lives until the server is ready; on SIGTERM a drain thread shuts
+//     the Pipeline and the batcher down and stops the I/O threads.
+//
+// docs/serving.md describes the status mapping, the headers, draining and readiness.
+#include "request_decoding.hpp"
+
+#include <tailbatch/batch_window.hpp>
+#include <tailbatch/concurrency_limiter.hpp>
+#include <tailbatch/continuous_batcher.hpp>
+#include <tailbatch/lanes.hpp>
+#include <tailbatch/limit_algorithms.hpp>
+#include <tailbatch/metrics.hpp>
+#include <tailbatch/pipeline.hpp>
+#include <tailbatch/reference/classifier.hpp>
+#include <tailbatch/reference/classifier_model.hpp>
+#include <tailbatch/reference/generator.hpp>
+#include <tailbatch/reference/tokenizer.hpp>
+#include <tailbatch/serving.hpp>
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace tb = tailbatch;
+namespace ref = tailbatch::reference;
+using tcp = asio::ip::tcp;
+using json = nlohmann::json;
+using SteadyTime = std::chrono::steady_clock::time_point;
+using namespace std::chrono_literals;
+
+struct Options {
+  std::string host = "127.0.0.1";
+  unsigned port = 8080;
+  unsigned io_threads = 1;
+  int backlog = 4096;
+  std::size_t max_body_bytes = 1 << 20;
+  unsigned idle_timeout_ms = 30'000;
+
+  std::size_t max_batch = 32;
+  unsigned window_us = 2000;
+  std::size_t lanes = 1;
+  std::size_t queue_capacity = 4096;
+  unsigned limit = 256;
+  unsigned default_timeout_ms = 2000;
+  unsigned warmup_rounds = 2;
+  unsigned drain_timeout_ms = 5000;
+  unsigned stats_window_s = 60;
+
+  std::size_t gen_max_active = 16;
+  std::size_t gen_max_waiting = 256;
+  std::size_t gen_max_tokens = 1024;
+  std::size_t gen_token_budget = 65536;
+
+  std::string fail_on_text;
+  unsigned model_delay_ms = 0;
+};
+
+// Events per second over the last `seconds` whole seconds (fewer right after start).
+class RateWindow {
+ public:
+  explicit RateWindow(unsigned seconds) : buckets_(seconds ? seconds : 1), start_(std::chrono::steady_clock::now()) {}
+  void add(std::uint64_t n, SteadyTime now) {
+    const auto sec = second_of(now);
+    std::lock_guard lock(mu_);
+    auto& b = buckets_[static_cast<std::size_t>(sec) % buckets_.size()];
+    if (b.first != sec) b = {sec, 0};
+    b.second += n;
+  }
+  [[nodiscard]] double per_second(SteadyTime now) const {
+    const auto sec = second_of(now);
+    const auto span = static_cast<std::int64_t>(buckets_.size());
+    std::uint64_t sum = 0;
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& b : buckets_) {
+        if (b.first > sec - span && b.first <= sec) sum += b.second;
+      }
+    }
+    const double elapsed = std::min(std::chrono::duration<double>(now - start_).count(), static_cast<double>(span));
+    return elapsed > 0 ? static_cast<double>(sum) / std::max(elapsed, 1.0) : 0.0;
+  }
+
+ private:
+  [[nodiscard]] std::int64_t second_of(SteadyTime t) const {
+    return std::chrono::duration_cast<std::chrono::seconds>(t - start_).count();
+  }
+  mutable std::mutex mu_;
+  std::vector<std::pair<std::int64_t, std::uint64_t>> buckets_;
+  SteadyTime start_;
+};
+
+// The Pipeline's admission stage: the ConcurrencyLimiter, or (limit 0) nobody. Warm-up
+// batches pass without a permit, so that warming up works whatever the limit.
+class ServerAdmission {
+ public:
+  using Limiter = tb::ConcurrencyLimiter<tb::StaticLimit>;
+  using Ticket = Limiter::Permit;
+  explicit ServerAdmission(Limiter* limiter) noexcept : limiter_(limiter) {}
+  [[nodiscard]] std::optional<Ticket> try_admit() noexcept {
+    if (warming_.load(std::memory_order_relaxed)) return Ticket{};
+    if (limiter_ == nullptr) return std::nullopt;
+    return limiter_->try_admit();
+  }
+  void release(Ticket&& ticket, tb::Status status, std::chrono::nanoseconds latency) noexcept {
+    if (limiter_ != nullptr) limiter_->release(std::move(ticket), status, latency);
+  }
+  void set_warming(bool on) noexcept { warming_.store(on, std::memory_order_relaxed); }
+
+ private:
+  Limiter* limiter_;
+  std::atomic<bool> warming_{true};
+};
+static_assert(tb::AdmissionPolicy<ServerAdmission>);
+
+using ClassifyPipeline = tb::Pipeline<std::string, ref::Prediction, tb::FixedWindow, tb::HostLanes, ServerAdmission>;
+using Batcher = tb::ContinuousBatcher<std::int32_t, ref::GeneratorState>;
+
+// True when the classifier's Prediction says itself whether the text was cut.
+template <class P>
+concept ReportsTruncation = requires(const P& p) {
+  { p.truncated } -> std::convertible_to<bool>;
+};
+
+// The Prediction's own truncation flag where it has one, else what the server computed.
+template <class P>
+bool truncated_of(const P& p, bool computed) {
+  if constexpr (ReportsTruncation<P>) {
+    return p.truncated;
+  } else {
+    return computed;
+  }
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+class Connection;
+
+// Everything the server shares between connections.
+class Server {
+ public:
+  explicit Server(const Options& o);
+  int run();
+
+  const Options& options() const noexcept { return opt_; }
+  asio::io_context& io() noexcept { return ioc_; }
+  bool draining() const noexcept { return draining_.load(std::memory_order_acquire); }
+  bool ready() const noexcept { return ready_.load(std::memory_order_acquire) && !draining(); }
+
+  // Request handling (called on a connection's strand).
+  void handle(const std::shared_ptr<Connection>& c, http::request<http::string_body>&& req);
+  void count_response(std::string_view route, int code, SteadyTime arrival);
+  void count_disconnect() { disconnects_->inc(); }
+  void request_started() { in_flight_.fetch_add(1, std::memory_order_relaxed); }
+  void request_finished() { in_flight_.fetch_sub(1, std::memory_order_relaxed); }
+  void connection_opened() { connections_.fetch_add(1, std::memory_order_relaxed); }
+  void connection_closed() { connections_.fetch_sub(1, std::memory_order_relaxed); }
+
+  const tailbatch_serve::DecodeLimits& limits() const noexcept { return limits_; }
+
+ private:
+  friend class Connection;
+  void accept();
+  void begin_drain();
+  void warm_up();
+  void classify(const std::shared_ptr<Connection>& c, const http::request<http::string_body>& req);
+  void generate(const std::shared_ptr<Connection>& c, const http::request<http::string_body>& req);
+  std::string stats_json();
+  std::optional<SteadyTime> deadline_of(const std::shared_ptr<Connection>& c,
+                                        const http::request<http::string_body>& req);
+
+  Options opt_;
+  tailbatch_serve::DecodeLimits limits_;
+  tb::MetricsRegistry registry_;
+  ref::Classifier classifier_;
+  ref::ClassifierModel classifier_model_;
+  std::optional<ref::Tokenizer> counting_tokenizer_;  // max_tokens + 1: tells whether a text was cut
+  ref::Generator generator_;
+  ref::Tokenizer prompt_tokenizer_;
+  tb::HostLanes lanes_;
+  std::unique_ptr<ServerAdmission::Limiter> limiter_;  // null with --limit 0
+  ServerAdmission admission_;
+  std::unique_ptr<ClassifyPipeline> pipeline_;
+  std::unique_ptr<Batcher> batcher_;
+  std::vector<std::atomic<std::uint64_t>> batch_sizes_;  // [size - 1]: batches run of that size
+  RateWindow classify_rate_;
+  RateWindow token_rate_;
+  std::atomic<std::uint64_t> next_seed_{1};
+
+  std::mutex counters_mu_;
+  std::map<std::pair<std::string, int>, tb::Counter*> responses_;
+  tb::WindowedHistogram<>* classify_latency_ = nullptr;
+  tb::WindowedHistogram<>* generate_latency_ = nullptr;
+  tb::Counter* disconnects_ = nullptr;
+  std::vector<tb::CallbackRegistration> gauges_;
+
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> draining_{false};
+  std::atomic<int> in_flight_{0};
+  std::atomic<int> connections_{0};
+  std::mutex conns_mu_;
+  std::vector<std::weak_ptr<Connection>> conns_;
+  SteadyTime started_ = std::chrono::steady_clock::now();
+  // Last: destroyed first, with the handlers (and connections) still queued in it.
+  asio::io_context ioc_;
+  // The acceptor and the signal handler share a strand: the drain closes the acceptor
+  // while an accept may be completing on another I/O thread.
+  asio::strand<asio::io_context::executor_type> accept_strand_;
+  tcp::acceptor acceptor_;
+  asio::signal_set signals_;
+  std::thread warmup_thread_;
+  std::thread drain_thread_;
+};
+
+// One client connection. Every member runs on the connection's strand; the completion
+// callbacks (on tailbatch's threads) only fill a job and post back to the strand.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  // What the server knows of the request being served.
+  struct RequestContext {
+    SteadyTime arrival{};  // taken right after the request's headers were read
+    std::string route;     // metrics label
+    unsigned version = 11;
+    bool keep_alive = true;
+  };
+
+  // A classify request in flight: one Pipeline submit per text.
+  struct ClassifyJob {
+    std::shared_ptr<Connection> conn;
+    std::vector<std::optional<tb::Outcome<ref::Prediction>>> outcomes;
+    std::vector<bool> truncated;
+    std::atomic<std::size_t> remaining{0};
+    tb::CancellationSource cancel;
+    bool batch_form = false;
+  };
+
+  // A generate request in flight. The stream's callbacks (decode thread) append under mu
+  // and post one flush to the strand at a time.
+  struct GenerateJob {
+    std::shared_ptr<Connection> conn;
+    bool stream = false;
+    std::mutex mu;
+    std::string outbox;
+    std::vector<std::int32_t> tokens;
+    tb::SseEncoder<std::int32_t> encoder;
+    bool posted = false;
+    bool any_tokens = false;
+    std::optional<tb::StreamEnd> end;
+  };
+
+  Connection(Server& s, tcp::socket&& socket) : srv_(s), stream_(std::move(socket)) { srv_.connection_opened(); }
+  ~Connection() { srv_.connection_closed(); }
+
+  void start() {
+    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_header(); });
+  }
+  asio::any_io_executor executor() { return stream_.get_executor(); }
+  RequestContext& context() noexcept { return ctx_; }
+
+  // Called on the strand when the server drains: an idle connection is closed now, a
+  // busy one after its response.
+  void drain() {
+    if (reading_header_ && buffer_.size() == 0) hard_close();
+  }
+
+  // ---- responses ---------------------------------------------------------------------
+  void respond(int code, std::string body, std::string_view content_type = "application/json",
+               const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+    srv_.count_response(ctx_.route, code, ctx_.arrival);
+    if (gone_) return request_done();
+    auto res = std::make_shared<http::response<http::string_body>>();
+    res->version(ctx_.version);
+    res->result(static_cast<unsigned>(code));
+    res->reason(std::string(tb::http_reason_phrase(code)));
+    res->set(http::field::server, "tailbatch-serve");
+    res->set(http::field::content_type, std::string(content_type));
+    for (const auto& [k, v] : headers) res->set(k, v);
+    const bool keep = ctx_.keep_alive && !srv_.draining() && !close_after_;
+    res->keep_alive(keep);
+    res->body() = std::move(body);
+    res->prepare_payload();
+    writing_ = true;
+    http::async_write(stream_, *res, [self = shared_from_this(), res, keep](beast::error_code ec, std::size_t) {
+      self->writing_ = false;
+      if (ec) self->gone_ = true;
+      if (!keep) self->close_after_ = true;
+      self->request_done();
+    });
+  }
+
+  void respond_error(int code, std::string_view status, std::string_view message,
+                     std::vector<std::pair<std::string, std::string>> headers = {}) {
+    json j = {{"error", {{"status", status}, {"message", message}}}};
+    respond(code, dump(j), "application/json", headers);
+  }
+
+  void respond_outcome_error(const tb::Error& e) {
+    std::vector<std::pair<std::string, std::string>> headers;
+    if (tb::retryable(e.status, e.reason)) {
+      // An unknown hint still gets a Retry-After: one second.
+      const auto hint = e.retry_after > 0ns ? e.retry_after : std::chrono::nanoseconds(1s);
+      headers.emplace_back("Retry-After", std::to_string(tb::retry_after_seconds(hint)));
+      headers.emplace_back("retry-after-ms", std::to_string(tb::retry_after_milliseconds(hint)));
+    }
+    json j = {{"error",
+               {{"status", tb::to_string(e.status)}, {"reason", tb::to_string(e.reason)}, {"message", e.message}}}};
+    respond(tb::http_status(e), dump(j), "application/json", headers);
+  }
+
+  // ---- async work --------------------------------------------------------------------
+  // Called on the strand once a request has been handed to tailbatch: watch the socket so
+  // that a client who leaves cancels its work.
+  void work_started() {
+    busy_ = true;
+    srv_.request_started();
+    watch();
+  }
+
+  void set_classify_job(std::shared_ptr<ClassifyJob> j) { classify_job_ = std::move(j); }
+  void set_generate(std::shared_ptr<GenerateJob> j, std::shared_ptr<Batcher::Stream> s) {
+    generate_job_ = std::move(j);
+    generate_stream_ = std::move(s);
+  }
+
+  // On the strand: every text of the classify job has its outcome.
+  void finish_classify() {
+    auto job = std::move(classify_job_);
+    busy_ = false;
+    srv_.request_finished();
+    if (!job) return;
+    job->conn.reset();
+    const tb::Error* first_error = nullptr;
+    json results = json::array();
+    for (std::size_t i = 0; i < job->outcomes.size(); ++i) {
+      auto& o = *job->outcomes[i];
+      if (!o.ok()) {
+        if (!first_error) first_error = &o.error();
+        continue;
+      }
+      const ref::Prediction& p = o.value();
+      const bool truncated = truncated_of(p, job->truncated[i]);
+      results.push_back(
+          {{"label", ref::to_string(p.label)}, {"score", static_cast<double>(p.confidence())}, {"truncated", truncated}});
+    }
+    if (first_error) return respond_outcome_error(*first_error);
+    if (job->batch_form) return respond(200, dump(json{{"results", std::move(results)}}));
+    respond(200, dump(results.at(0)));
+  }
+
+  // On the strand: the generate job has new bytes, or its end.
+  void flush_generate(const std::shared_ptr<GenerateJob>& job) {
+    std::string data;
+    std::optional<tb::StreamEnd> end;
+    bool any = false;
+    std::vector<std::int32_t> tokens;
+    {
+      std::lock_guard lock(job->mu);
+      data.swap(job->outbox);
+      job->posted = false;
+      end = job->end;
+      any = job->any_tokens;
+      if (end && !job->stream) tokens.swap(job->tokens);
+    }
+    if (job != generate_job_) return;  // a late flush of a finished job
+    if (end) {
+      generate_job_.reset();
+      generate_stream_.reset();
+      job->conn.reset();
+      busy_ = false;
+      srv_.request_finished();
+    }
+    if (!job->stream) {
+      if (!end) return;
+      if (!end->ok() && tokens.empty()) return respond_outcome_error(error_of(*end));
+      json j = {{"tokens", tokens},
+                {"status", tb::to_string(end->status)},
+                {"reason", tb::to_string(end->reason)},
+                {"message", end->message}};
+      return respond(tb::http_status(*end), dump(j));
+    }
+    if (!sse_started_) {
+      if (end && !any && !end->ok()) return respond_outcome_error(error_of(*end));
+      sse_started_ = true;
+      std::string head = "HTTP/1.1 200 OK\r\nServer: tailbatch-serve\r\nContent-Type: text/event-stream\r\n"
+                         "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
+      const bool keep = ctx_.keep_alive && ctx_.version >= 11 && !srv_.draining();
+      if (!keep) close_after_ = true;
+      head += keep ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+      wq_ += head;
+    }
+    if (!data.empty()) {
+      char size[32];
+      std::snprintf(size, sizeof size, "%zx\r\n", data.size());
+      wq_ += size;
+      wq_ += data;
+      wq_ += "\r\n";
+    }
+    if (end) {
+      wq_ += "0\r\n\r\n";
+      sse_done_ = true;
+      srv_.count_response(ctx_.route, 200, ctx_.arrival);
+    }
+    write_queued();
+  }
+
+  static tb::Error error_of(const tb::StreamEnd& e) {
+    return tb::Error{e.status, e.reason, e.message, e.retry_after};
+  }
+
+ private:
+  void read_header() {
+    reading_header_ = true;
+    if (srv_.draining() && buffer_.size() == 0) return hard_close();
+    parser_.emplace();
+    parser_->body_limit(srv_.options().max_body_bytes);
+    parser_->header_limit(tailbatch_serve::header_limit_bytes);
+    stream_.expires_after(std::chrono::milliseconds(srv_.options().idle_timeout_ms));
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_header(ec); });
+  }
+
+  void on_header(beast::error_code ec) {
+    reading_header_ = false;
+    // The request's arrival: its headers are in. Everything after this (the body, the
+    // parse, the queue, the model) counts toward its latency.
+    ctx_ = RequestContext{};
+    ctx_.arrival = std::chrono::steady_clock::now();
+    ctx_.route = "other";
+    if (ec) return on_read_error(ec);
+    ctx_.version = parser_->get().version();
+    ctx_.keep_alive = parser_->get().keep_alive();
+    if (ctx_.version >= 11 && beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+      // curl asks before sending a body over 1 KiB, and waits a second for the answer.
+      static const std::string go_on = "HTTP/1.1 100 Continue\r\n\r\n";
+      asio::async_write(stream_, asio::buffer(go_on), [self = shared_from_this()](beast::error_code e, std::size_t) {
+        if (e) return self->hard_close();
+        self->read_body();
+      });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code e, std::size_t) { self->on_body(e); });
+  }
+
+  void on_read_error(beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == beast::error::timeout ||
+        ec == asio::error::operation_aborted || ec == asio::error::connection_reset || ec == asio::error::bad_descriptor) {
+      return hard_close();
+    }
+    close_after_ = true;
+    if (ec == http::error::body_limit) {
+      return respond_error(413, "too_large",
+                           "the request body exceeds " + std::to_string(srv_.options().max_body_bytes) + " bytes");
+    }
+    if (ec == http::error::header_limit) return respond_error(431, "bad_request", "the request headers are too large");
+    respond_error(400, "bad_request", "malformed HTTP request: " + ec.message());
+  }
+
+  void on_body(beast::error_code ec) {
+    if (ec) return on_read_error(ec);
+    stream_.expires_never();
+    auto self = shared_from_this();
+    srv_.handle(self, parser_->release());
+  }
+
+  // A read while the request is in tailbatch's hands: an error means the client left.
+  void watch() {
+    if (watching_ || gone_) return;
+    watching_ = true;
+    stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+      self->on_watch(ec, n);
+    });
+  }
+
+  void on_watch(beast::error_code ec, std::size_t n) {
+    watching_ = false;
+    if (!ec) {
+      buffer_.commit(n);  // a pipelined request: kept for the next read
+    } else if (ec != asio::error::operation_aborted || !want_next_) {
+      if (!gone_ && busy_) {
+        gone_ = true;
+        srv_.count_disconnect();
+        if (classify_job_) classify_job_->cancel.request_stop();
+        if (generate_stream_) generate_stream_->cancel();
+      }
+      gone_ = true;
+    }
+    if (want_next_) {
+      want_next_ = false;
+      next_request();
+    }
+  }
+
+  void write_queued() {
+    if (writing_ || wq_.empty()) {
+      if (!writing_ && sse_done_) {
+        sse_done_ = false;
+        sse_started_ = false;
+        request_done();
+      }
+      return;
+    }
+    if (gone_) {
+      wq_.clear();
+      if (sse_done_) {
+        sse_done_ = false;
+        sse_started_ = false;
+        request_done();
+      }
+      return;
+    }
+    writing_ = true;
+    auto buf = std::make_shared<std::string>(std::move(wq_));
+    wq_.clear();
+    asio::async_write(stream_, asio::buffer(*buf), [self = shared_from_this(), buf](beast::error_code ec, std::size_t) {
+      self->writing_ = false;
+      if (ec && !self->gone_) {
+        self->gone_ = true;
+        if (self->busy_) {
+          self->srv_.count_disconnect();
+          if (self->generate_stream_) self->generate_stream_->cancel();
+        }
+      }
+      self->write_queued();
+    });
+  }
+
+  // The response is written (or the client is gone): read the next request, or close.
+  void request_done() {
+    if (busy_) return;  // a response written before the work ended (cannot happen) waits
+    if (watching_) {
+      // The disconnect watch must end before the next read starts.
+      want_next_ = true;
+      beast::error_code ignored;
+      stream_.socket().cancel(ignored);
+      return;
+    }
+    next_request();
+  }
+
+  void next_request() {
+    if (gone_) return hard_close();
+    if (close_after_ || srv_.draining()) return close();
+    read_header();
+  }
+
+  // Closes after a response: stops sending, then reads and drops what the client still
+  // sends (an unread body) for up to a second, so that closing does not reset the
+  // connection before the client has read the response.
+  void close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.expires_after(1s);
+    linger();
+  }
+
+  void linger() {
+    stream_.async_read_some(asio::buffer(discard_), [self = shared_from_this()](beast::error_code ec, std::size_t) {
+      if (ec) return self->hard_close();
+      self->linger();
+    });
+  }
+
+  void hard_close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.socket().close(ignored);
+  }
+
+  Server& srv_;
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  RequestContext ctx_;
+  std::shared_ptr<ClassifyJob> classify_job_;
+  std::shared_ptr<GenerateJob> generate_job_;
+  std::shared_ptr<Batcher::Stream> generate_stream_;
+  std::string wq_;  // SSE bytes waiting for the current write to finish
+  std::array<char, 4096> discard_{};
+  bool reading_header_ = false;
+  bool busy_ = false;        // tailbatch holds this request
+  bool watching_ = false;    // a disconnect-watch read is outstanding
+  bool want_next_ = false;   // the watch was cancelled to read the next request
+  bool gone_ = false;        // the client left (or a write failed)
+  bool writing_ = false;
+  bool close_after_ = false;
+  bool sse_started_ = false;
+  bool sse_done_ = false;
+};
+
+// ---- Server ---------------------------------------------------------------------------
+
+ref::ClassifierConfig classifier_config() { return ref::ClassifierConfig{}; }
+
+std::unique_ptr<ServerAdmission::Limiter> make_limiter(const Options& o, tb::MetricsRegistry& registry) {
+  if (o.limit == 0) return nullptr;
+  tb::LimiterOptions lo;
+  lo.max_queued = 0;
+  lo.metrics = &registry;
+  lo.metric_labels = {{"route", "classify"}};
+  return std::make_unique<ServerAdmission::Limiter>(tb::StaticLimit(o.limit), lo);
+}
+
+Server::Server(const Options& o)
+    : opt_(o),
+      classifier_(classifier_config()),
+      classifier_model_(classifier_),
+      prompt_tokenizer_(ref::TokenizerOptions{ref::GeneratorConfig{}.vocab_size, 256}),
+      lanes_(o.lanes),
+      limiter_(make_limiter(o, registry_)),
+      admission_(limiter_.get()),
+      batch_sizes_(o.max_batch),
+      classify_rate_(10),
+      token_rate_(10),
+      accept_strand_(asio::make_strand(ioc_)),
+      acceptor_(accept_strand_),
+      signals_(accept_strand_, SIGINT, SIGTERM) {
+  limits_.max_generate_tokens = o.gen_max_tokens;
+  if constexpr (!ReportsTruncation<ref::Prediction>) {
+    const auto words = ref::detail::lexicon_words();
+    counting_tokenizer_.emplace(
+        ref::TokenizerOptions{classifier_.config().vocab_size, classifier_.config().max_tokens + 1}, words);
+  }
+  tb::PipelineConfig<std::string> pc;
+  pc.queue_capacity = o.queue_capacity;
+  pc.drain_timeout = std::chrono::milliseconds(o.drain_timeout_ms);
+  pc.check_admission_limit = false;  // a small --limit is how tests force rejections
+  pc.metrics = &registry_;
+  pc.metric_labels = {{"pipeline", "classify"}};
+  auto model = [this](std::span<const std::string> texts, std::span<ref::Prediction> out, tb::HostLanes::Lane& lane) {
+    const std::size_t n = texts.size();
+    if (n >= 1 && n <= batch_sizes_.size()) batch_sizes_[n - 1].fetch_add(1, std::memory_order_relaxed);
+    if (opt_.model_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opt_.model_delay_ms));
+    if (!opt_.fail_on_text.empty()) {
+      for (const auto& t : texts) {
+        if (t == opt_.fail_on_text) throw std::runtime_error("the model refused a text (--fail-on-text)");
+      }
+    }
+    classifier_model_(texts, out, lane);
+  };
+  pipeline_ = std::make_unique<ClassifyPipeline>(model, tb::FixedWindow(o.max_batch, std::chrono::microseconds(o.window_us)),
+                                                 pc, lanes_, admission_);
+
+  tb::ContinuousBatcherConfig bc;
+  bc.max_active = o.gen_max_active;
+  bc.max_waiting = o.gen_max_waiting;
+  bc.token_budget = o.gen_token_budget;
+  bc.drain_timeout = std::chrono::milliseconds(o.drain_timeout_ms);
+  bc.metrics = &registry_;
+  bc.labels = {{"model", "generate"}};
+  batcher_ = std::make_unique<Batcher>(bc, [this](std::span<Batcher::Sequence> batch) {
+    std::size_t emitting = 0;
+    for (const auto& s : batch) emitting += s.emits() ? 1 : 0;
+    generator_.step_sequences(batch);
+    token_rate_.add(emitting, std::chrono::steady_clock::now());
+  });
+
+  const auto window = std::chrono::seconds(o.stats_window_s);
+  classify_latency_ = &registry_.windowed_histogram("tailbatch_serve_request_duration_seconds",
+                                                    "Time from a request's headers read to its response, recent window",
+                                                    {{"route", "classify"}}, window);
+  generate_latency_ = &registry_.windowed_histogram("tailbatch_serve_request_duration_seconds",
+                                                    "Time from a request's headers read to its response, recent window",
+                                                    {{"route", "generate"}}, window);
+  disconnects_ = &registry_.counter("tailbatch_serve_client_disconnects_total",
+                                    "Requests whose client disconnected before the response; their work was cancelled");
+  gauges_.push_back(registry_.gauge_callback("tailbatch_serve_ready", "1 once warmed up and not draining", {},
+                                             [this] { return ready() ? 1.0 : 0.0; }));
+  gauges_.push_back(registry_.gauge_callback("tailbatch_serve_draining", "1 after SIGTERM", {},
+                                             [this] { return draining() ? 1.0 : 0.0; }));
+  gauges_.push_back(registry_.gauge_callback("tailbatch_serve_in_flight_requests",
+                                             "HTTP requests handed to tailbatch and not yet answered", {},
+                                             [this] { return static_cast<double>(in_flight_.load()); }));
+  gauges_.push_back(registry_.gauge_callback("tailbatch_serve_open_connections", "Open client connections", {},
+                                             [this] { return static_cast<double>(connections_.load()); }));
+}
+
+void Server::count_response(std::string_view route, int code, SteadyTime arrival) {
+  const auto now = std::chrono::steady_clock::now();
+  if (route == "classify") {
+    classify_latency_->record(now - arrival);
+    if (code == 200) classify_rate_.add(1, now);
+  } else if (route == "generate") {
+    generate_latency_->record(now - arrival);
+  }
+  std::lock_guard lock(counters_mu_);
+  auto key = std::make_pair(std::string(route), code);
+  auto it = responses_.find(key);
+  if (it == responses_.end()) {
+    tb::Counter& c = registry_.counter("tailbatch_serve_responses_total", "HTTP responses, by route and status code",
+                                       {{"route", std::string(route)}, {"code", std::to_string(code)}});
+    it = responses_.emplace(std::move(key), &c).first;
+  }
+  it->second->inc();
+}
+
+std::optional<SteadyTime> Server::deadline_of(const std::shared_ptr<Connection>& c,
+                                              const http::request<http::string_body>& req) {
+  const auto h = req.find(beast::string_view(tailbatch_serve::timeout_header.data(), tailbatch_serve::timeout_header.size()));
+  std::chrono::milliseconds budget(opt_.default_timeout_ms);
+  if (h != req.end()) {
+    std::string error;
+    auto t = tailbatch_serve::decode_timeout(std::string_view(h->value().data(), h->value().size()), limits_, error);
+    if (!t) {
+      c->respond_error(400, "bad_request", error);
+      return std::nullopt;
+    }
+    budget = *t;
+  } else if (budget.count() == 0) {
+    return SteadyTime::max();
+  }
+  return c->context().arrival + budget;
+}
+
+void Server::handle(const std::shared_ptr<Connection>& c, http::request<http::string_body>&& req) {
+  std::string_view target(req.target().data(), req.target().size());
+  target = target.substr(0, target.find('?'));
+  struct Route {
+    std::string_view path, label;
+    http::verb method;
+  };
+  static constexpr std::array<Route, 6> routes = {{{"/v1/classify", "classify", http::verb::post},
+                                                   {"/v1/generate", "generate", http::verb::post},
+                                                   {"/metrics", "metrics", http::verb::get},
+                                                   {"/v1/stats", "stats", http::verb::get},
+                                                   {"/healthz", "healthz", http::verb::get},
+                                                   {"/readyz", "readyz", http::verb::get}}};
+  const Route* route = nullptr;
+  for (const auto& r : routes) {
+    if (r.path == target) route = &r;
+  }
+  if (!route) return c->respond_error(404, "not_found", "no route " + std::string(target));
+  c->context().route = std::string(route->label);
+  if (req.method() != route->method) {
+    return c->respond_error(405, "method_not_allowed", "use " + std::string(http::to_string(route->method)),
+                            {{"Allow", std::string(http::to_string(route->method))}});
+  }
+  if (route->label == "classify") return classify(c, req);
+  if (route->label == "generate") return generate(c, req);
+  if (route->label == "metrics") return c->respond(200, registry_.prometheus(), "text/plain; version=0.0.4; charset=utf-8");
+  if (route->label == "stats") return c->respond(200, stats_json());
+  if (route->label == "healthz") return c->respond(200, R"({"status":"alive"})");
+  if (ready()) return c->respond(200, R"({"status":"ready"})");
+  return c->respond(503, draining() ? R"({"status":"draining"})" : R"({"status":"warming_up"})");
+}
+
+void Server::classify(const std::shared_ptr<Connection>& c, const http::request<http::string_body>& req) {
+  std::string error;
+  auto decoded = tailbatch_serve::decode_classify(req.body(), limits_, error);
+  if (!decoded) return c->respond_error(400, "bad_request", error);
+  const auto deadline = deadline_of(c, req);
+  if (!deadline) return;
+  auto job = std::make_shared<Connection::ClassifyJob>();
+  const std::size_t n = decoded->texts.size();
+  job->conn = c;
+  job->batch_form = decoded->batch_form;
+  job->outcomes.resize(n);
+  job->truncated.assign(n, false);
+  job->remaining.store(n, std::memory_order_relaxed);
+  if constexpr (!ReportsTruncation<ref::Prediction>) {
+    thread_local std::vector<std::uint32_t> ids;
+    for (std::size_t i = 0; i < n; ++i) {
+      ids.clear();
+      job->truncated[i] = counting_tokenizer_->tokenize(decoded->texts[i], ids) > classifier_.config().max_tokens;
+    }
+  }
+  c->set_classify_job(job);
+  c->work_started();
+  tb::SubmitOptions so;
+  so.deadline = *deadline;
+  so.cancel = job->cancel.get_token();
+  for (std::size_t i = 0; i < n; ++i) {
+    pipeline_->submit(std::move(decoded->texts[i]), so, [job, i](tb::Outcome<ref::Prediction>&& o) {
+      job->outcomes[i].emplace(std::move(o));
+      if (job->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        auto conn = job->conn;
+        asio::post(conn->executor(), [conn] { conn->finish_classify(); });
+      }
+    });
+  }
+}
+
+void Server::generate(const std::shared_ptr<Connection>& c, const http::request<http::string_body>& req) {
+  std::string error;
+  auto decoded = tailbatch_serve::decode_generate(req.body(), limits_, error);
+  if (!decoded) return c->respond_error(400, "bad_request", error);
+  const auto deadline = deadline_of(c, req);
+  if (!deadline) return;
+  Batcher::Request r;
+  std::vector<std::uint32_t> ids;
+  prompt_tokenizer_.tokenize(decoded->prompt, ids);
+  r.prompt.assign(ids.begin(), ids.end());
+  r.max_new_tokens = decoded->max_tokens;
+  r.state = generator_.new_state(next_seed_.fetch_add(1, std::memory_order_relaxed));
+  r.deadline = *deadline;
+  auto job = std::make_shared<Connection::GenerateJob>();
+  job->conn = c;
+  job->stream = decoded->stream;
+  auto post_flush = [](const std::shared_ptr<Connection::GenerateJob>& j) {
+    if (j->posted) return;
+    j->posted = true;
+    auto conn = j->conn;
+    asio::post(conn->executor(), [conn, j] { conn->flush_generate(j); });
+  };
+  tb::StreamCallbacks<std::int32_t> cb;
+  cb.on_tokens = [job, post_flush](std::span<const std::int32_t> t) {
+    std::lock_guard lock(job->mu);
+    job->any_tokens = true;
+    if (job->stream) {
+      job->encoder.append_tokens(job->outbox, t);
+    } else {
+      job->tokens.insert(job->tokens.end(), t.begin(), t.end());
+    }
+    post_flush(job);
+  };
+  cb.on_end = [job, post_flush](const tb::StreamEnd& e) {
+    std::lock_guard lock(job->mu);
+    job->end = e;
+    if (job->stream && (job->any_tokens || e.ok())) job->encoder.append_end(job->outbox, e);
+    post_flush(job);
+  };
+  c->work_started();
+  // Registered before submit: a rejection ends the stream inside submit.
+  c->set_generate(job, nullptr);
+  auto stream = batcher_->submit(std::move(r), std::move(cb));
+  c->set_generate(job, std::move(stream));
+}
+
+std::string Server::stats_json() {
+  const auto now = std::chrono::steady_clock::now();
+  const tb::PipelineStats ps = pipeline_->stats();
+  const auto cs = batcher_->stats_approx();
+  auto pct = [](const tb::HistogramSnapshot& s) {
+    auto ms = [&](double p) { return s.count() ? static_cast<double>(s.percentile(p).count()) / 1e6 : 0.0; };
+    return json{{"count", s.count()}, {"p50", ms(50)}, {"p95", ms(95)}, {"p99", ms(99)}};
+  };
+  json sizes = json::object();
+  for (std::size_t i = 0; i < batch_sizes_.size(); ++i) {
+    const auto v = batch_sizes_[i].load(std::memory_order_relaxed);
+    if (v) sizes[std::to_string(i + 1)] = v;
+  }
+  json by_status = json::object(), rejections = json::object();
+  for (auto s : {tb::Status::ok, tb::Status::rejected, tb::Status::deadline_exceeded, tb::Status::cancelled,
+                 tb::Status::failed}) {
+    by_status[std::string(tb::to_string(s))] = ps.count(s);
+  }
+  for (auto r : {tb::RejectReason::queue_full, tb::RejectReason::overloaded, tb::RejectReason::shutting_down,
+                 tb::RejectReason::too_large}) {
+    rejections[std::string(tb::to_string(r))] = ps.count(r);
+  }
+  json j;
+  j["ready"] = ready();
+  j["draining"] = draining();
+  j["uptime_s"] = std::chrono::duration<double>(now - started_).count();
+  j["window_s"] = opt_.stats_window_s;
+  j["classify"] = {
+      {"latency_ms", pct(classify_latency_->snapshot())},
+      {"queue_depth", pipeline_->queued_approx()},
+      {"in_flight", pipeline_->in_flight_approx()},
+      {"batches", ps.batches()},
+      {"batched_requests", ps.batched_requests},
+      {"mean_batch", ps.batches() ? static_cast<double>(ps.batched_requests) / static_cast<double>(ps.batches()) : 0.0},
+      {"batch_sizes", sizes},
+      {"requests", by_status},
+      {"rejections", rejections},
+      {"requests_per_s", classify_rate_.per_second(now)},
+      {"max_batch", opt_.max_batch},
+      {"limit", opt_.limit}};
+  j["generate"] = {{"latency_ms", pct(generate_latency_->snapshot())},
+                   {"active", batcher_->active_approx()},
+                   {"waiting", batcher_->waiting_approx()},
+                   {"submitted", cs.submitted},
+                   {"steps", cs.steps},
+                   {"tokens", cs.tokens},
+                   {"tokens_per_s", token_rate_.per_second(now)},
+                   {"requests",
+                    {{"ok", cs.ok},
+                     {"rejected", cs.rejected},
+                     {"deadline_exceeded", cs.deadline_exceeded},
+                     {"cancelled", cs.cancelled},
+                     {"failed", cs.failed}}}};
+  j["http"] = {{"in_flight", in_flight_.load()},
+               {"connections", connections_.load()},
+               {"client_disconnects", disconnects_->value()}};
+  return dump(j);
+}
+
+void Server::accept() {
+  acceptor_.async_accept(asio::make_strand(ioc_), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec) {
+      if (!acceptor_.is_open()) return;  // closed by the drain
+      return accept();
+    }
+    beast::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    auto c = std::make_shared<Connection>(*this, std::move(socket));
+    {
+      std::lock_guard lock(conns_mu_);
+      std::erase_if(conns_, [](const auto& w) { return w.expired(); });
+      conns_.push_back(c);
+    }
+    c->start();
+    accept();
+  });
+}
+
+void Server::warm_up() {
+  // Batches of every size up to max_batch, each a few times, through the Pipeline: every
+  // shape the model will see runs once before the server says it is ready.
+  std::mutex mu;
+  std::condition_variable cv;
+  for (std::size_t size = 1; size <= opt_.max_batch && !draining(); ++size) {
+    for (unsigned round = 0; round < opt_.warmup_rounds && !draining(); ++round) {
+      std::size_t left = size;
+      for (std::size_t i = 0; i < size; ++i) {
+        pipeline_->submit("warm-up text " + std::to_string(i) + " of a batch of " + std::to_string(size),
+                          [&](tb::Outcome<ref::Prediction>&&) {
+                            std::lock_guard lock(mu);
+                            if (--left == 0) cv.notify_all();
+                          });
+      }
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return left == 0; });
+    }
+  }
+  admission_.set_warming(false);
+  ready_.store(true, std::memory_order_release);
+  std::fprintf(stderr, "tailbatch-serve: warmed up (batch sizes 1..%zu, %u rounds each); ready\n", opt_.max_batch,
+               opt_.warmup_rounds);
+}
+
+void Server::begin_drain() {
+  if (draining_.exchange(true)) return;
+  std::fprintf(stderr, "tailbatch-serve: draining (up to %u ms)\n", opt_.drain_timeout_ms);
+  beast::error_code ignored;
+  acceptor_.close(ignored);
+  drain_thread_ = std::thread([this] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(opt_.drain_timeout_ms) + 1s;
+    // Queued and running work finishes (or is answered shutting_down) within the drain timeout.
+    std::thread p([this] { pipeline_->shutdown(); });
+    batcher_->shutdown();
+    p.join();
+    // Responses being written.
+    while (in_flight_.load() > 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(2ms);
+    // Idle keep-alive connections close now, busy ones after their response.
+    std::vector<std::shared_ptr<Connection>> live;
+    {
+      std::lock_guard lock(conns_mu_);
+      for (auto& w : conns_) {
+        if (auto c = w.lock()) live.push_back(std::move(c));
+      }
+    }
+    for (auto& c : live) asio::post(c->executor(), [c] { c->drain(); });
+    live.clear();
+    while (connections_.load() > 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(2ms);
+    ioc_.stop();
+  });
+}
+
+int Server::run() {
+  const auto address = asio::ip::make_address(opt_.host);
+  const tcp::endpoint endpoint(address, static_cast<unsigned short>(opt_.port));
+  acceptor_.open(endpoint.protocol());
+  acceptor_.set_option(asio::socket_base::reuse_address(true));
+  acceptor_.bind(endpoint);
+  acceptor_.listen(opt_.backlog);
+  const auto bound = acceptor_.local_endpoint();
+  std::printf("listening on %s:%u\n", bound.address().to_string().c_str(), static_cast<unsigned>(bound.port()));
+  std::fflush(stdout);
+
+  batcher_->start();
+  signals_.async_wait([this](beast::error_code ec, int) {
+    if (!ec) begin_drain();
+  });
+  accept();
+  warmup_thread_ = std::thread([this] { warm_up(); });
+
+  std::vector<std::thread> io;
+  for (unsigned i = 1; i < opt_.io_threads; ++i) io.emplace_back([this] { ioc_.run(); });
+  ioc_.run();
+  for (auto& t : io) t.join();
+  if (drain_thread_.joinable()) drain_thread_.join();
+  if (warmup_thread_.joinable()) warmup_thread_.join();
+  std::fprintf(stderr, "tailbatch-serve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{
+      "tailbatch-serve: the reference classifier and generator behind tailbatch, over HTTP.\n"
+      "Threads: --io-threads I/O threads (the main thread is one) own the sockets and never wait for a\n"
+      "result; the Pipeline owns --lanes worker threads that form batches and run the classifier; the\n"
+      "ContinuousBatcher owns one decode thread for the generator; a warm-up thread runs until ready.\n"
+      "Prints 'listening on HOST:PORT' as its first line on stdout. SIGTERM drains and exits 0.",
+      "tailbatch-serve"};
+  app.add_option("--host", o.host, "Address to bind")->capture_default_str();
+  app.add_option("--port", o.port, "Port to bind; 0 picks a free one")->capture_default_str();
+  app.add_option("--io-threads", o.io_threads, "I/O threads (sockets, parsing, responses)")
+      ->check(CLI::Range(1u, 256u))
+      ->capture_default_str();
+  app.add_option("--backlog", o.backlog, "listen() backlog (the kernel caps it at net.core.somaxconn)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--max-body-bytes", o.max_body_bytes, "Largest request body; larger ones get 413")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--idle-timeout-ms", o.idle_timeout_ms, "Close a keep-alive connection idle this long")
+      ->check(CLI::Range(1u, 3'600'000u))
+      ->capture_default_str();
+  app.add_option("--max-batch", o.max_batch, "Largest classify batch (1: batching off)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{4096}))
+      ->capture_default_str();
+  app.add_option("--window-us", o.window_us, "Longest a classify batch waits to fill, in microseconds")
+      ->capture_default_str();
+  app.add_option("--lanes", o.lanes, "Host lanes for the classifier (one Pipeline worker thread each)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{256}))
+      ->capture_default_str();
+  app.add_option("--queue-capacity", o.queue_capacity, "Classify requests that may wait; more get 503 queue_full")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24))
+      ->capture_default_str();
+  app.add_option("--limit", o.limit,
+                 "ConcurrencyLimiter limit on classify requests admitted; beyond it 503 overloaded. "
+                 "0 admits none (sheds all classify load)")
+      ->capture_default_str();
+  app.add_option("--default-timeout-ms", o.default_timeout_ms,
+                 "Deadline for requests without an X-Request-Timeout-Ms header (0: none)")
+      ->capture_default_str();
+  app.add_option("--warmup-rounds", o.warmup_rounds, "Warm-up batches of each size before /readyz says ready")
+      ->capture_default_str();
+  app.add_option("--drain-timeout-ms", o.drain_timeout_ms, "On SIGTERM, how long in-flight work may take to finish")
+      ->capture_default_str();
+  app.add_option("--stats-window-s", o.stats_window_s, "Window of the latency percentiles in /v1/stats and /metrics")
+      ->check(CLI::Range(1u, 3600u))
+      ->capture_default_str();
+  app.add_option("--gen-max-active", o.gen_max_active, "Sequences decoded together")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{4096}))
+      ->capture_default_str();
+  app.add_option("--gen-max-waiting", o.gen_max_waiting, "Generate requests that may wait; more get 503 queue_full")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--gen-max-tokens", o.gen_max_tokens, "Largest max_tokens a generate request may ask for")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--gen-token-budget", o.gen_token_budget,
+                 "Tokens the active sequences may reserve (prompt + max_tokens each); a request that alone "
+                 "exceeds it gets 413")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--fail-on-text", o.fail_on_text,
+                 "Testing: a classify batch holding exactly this text throws in the model (500 for its requests)");
+  app.add_option("--model-delay-ms", o.model_delay_ms,
+                 "Testing and demos: every classify batch takes this much longer, as a slower model would")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  std::signal(SIGPIPE, SIG_IGN);
+  try {
+    Server server(o);
+    return server.run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tailbatch-serve: %s\n", e.what());
+    return 1;
+  }
+}
