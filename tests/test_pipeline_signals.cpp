@@ -4,8 +4,10 @@
 // occupancy integrals behind a Little's-law check on live data.
 #include <tailbatch/pipeline.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -276,4 +278,34 @@ TEST_CASE("Pipeline signals: queued time counts in L; a queue before submit show
   CHECK(text.find("tailbatch_pipeline_hidden_queue_suspected 1") != std::string::npos);
   CHECK(text.find("tailbatch_pipeline_littles_law_deviation -0.66") != std::string::npos);
   CHECK_THROWS_AS(p.check_littles_law(0.0), std::invalid_argument);
+}
+
+namespace {
+
+// docs/pipeline.md's example of a custom policy with feedback, as written there.
+struct TimedWindow : tailbatch::FixedWindow {
+  using FixedWindow::FixedWindow;
+  // Shared with the copy the Pipeline keeps.
+  std::shared_ptr<std::atomic<std::int64_t>> ns_per_request = std::make_shared<std::atomic<std::int64_t>>(0);
+  void on_batch_executed(const tailbatch::BatchFeedback& f) const noexcept {
+    if (!f.failed) ns_per_request->store(f.model_time.count() / static_cast<std::int64_t>(f.padded_size));
+  }
+};
+static_assert(BatchFeedbackPolicy<TimedWindow>);
+static_assert(!BatchFeedbackPolicy<FixedWindow>);
+
+}  // namespace
+
+TEST_CASE("Pipeline signals: the documented feedback policy learns the model time per request") {
+  ManualClock clock;
+  TimedWindow policy(4, 10ms);
+  ManualPipeline<TimedWindow> p(
+      [&](std::span<const int> in, std::span<int> out, HostLane&) {
+        clock.advance(static_cast<int>(in.size()) * 2ms);
+        for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i];
+      },
+      policy, {}, clock);
+  for (int i = 0; i < 4; ++i) p.submit(i, [](Outcome<int>&&) {});
+  CHECK(p.poll().batches == 1);
+  CHECK(policy.ns_per_request->load() == std::chrono::nanoseconds(2ms).count());
 }
