@@ -483,7 +483,8 @@ class Pipeline {
   // the mean latency over the same window (occupancy_between). Requests count from their
   // submit (not from SubmitOptions::arrival): a server that passes arrival times sees its
   // own queue before submit as the gap between L and lambda x W. Requests submitted but
-  // not yet taken by the batch leader are counted once it takes them (from their submit).
+  // not yet taken by the batch leader are counted once it takes them (from their submit),
+  // and a batch's time executing once it completes.
   // Takes a short lock; never blocks otherwise, never allocates. Thread-safe.
   [[nodiscard]] PipelineOccupancy occupancy() const noexcept {
     const detail::OccupancyReading r = occupancy_.read(clock_.now());
@@ -1448,18 +1449,20 @@ class Pipeline {
   }
 
   // Completes a queued request that will not run. Leaves e gone.
-  void complete_entry(Entry& e, Error&& err, BatchTime now) noexcept { complete_meta(e.meta, std::move(err), now, false); }
+  void complete_entry(Entry& e, Error&& err, BatchTime now) noexcept {
+    complete_meta(e.meta, std::move(err), now, false, now);
+  }
 
-  // Completes a request that will not run (from the queue, or dropped from a batch as it
-  // started). Leaves m gone.
-  void complete_meta(Meta& m, Error&& err, BatchTime now, bool from_batch) noexcept {
+  // Completes a request that will not run (from the queue, or dropped from a batch, formed
+  // at `formed`, as it started). Leaves m gone.
+  void complete_meta(Meta& m, Error&& err, BatchTime now, bool from_batch, BatchTime formed) noexcept {
     m.cancel.reset();
     const Status s = err.status;
     count_status(s, err.reason, 1);
     const auto latency = elapsed(m.arrival, now);
     admission_->release(std::move(m.ticket), s, latency);
     if (metrics_) metrics_->hist[end_to_end]->record(latency);
-    occupancy_.leave(now, 1, from_batch ? 1 : 0, latency);
+    occupancy_.leave(now, 1, from_batch ? 1 : 0, formed, latency);
     deliver(m.done, Outcome<Resp>(std::move(err)));
   }
 
@@ -1675,7 +1678,6 @@ class Pipeline {
       if (v.picks[i].sub != last) staged_.compact(last = v.picks[i].sub);
     }
     in_flight_.fetch_add(n, std::memory_order_relaxed);
-    occupancy_.start(now, n);
     update_drain_rate(n, now);
     note_submitter_limit(b, n);
     if (metrics_) {
@@ -1780,7 +1782,7 @@ class Pipeline {
     }
     BatchDuration latency_sum{0};
     for (const Meta& m : b.metas) latency_sum += elapsed(m.arrival, end);
-    occupancy_.leave(end, n, n, latency_sum);
+    occupancy_.leave(end, n, n, b.formed, latency_sum);
     std::uint64_t ok = 0;
     std::uint64_t cancelled = 0;
     std::uint64_t failed = 0;
@@ -1815,7 +1817,7 @@ class Pipeline {
                     was_cancelled ? Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}}
                                   : Error{Status::deadline_exceeded, RejectReason::none,
                                           "tailbatch: the deadline passed before the request's batch could start", {}},
-                    end, true);
+                    end, true, b.formed);
     }
     b.metas.clear();
     b.reqs.clear();

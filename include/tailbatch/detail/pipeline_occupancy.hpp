@@ -6,9 +6,9 @@
 //
 // Updated at state changes, once per batch or per leader turn (never per submit): the
 // requests a leader takes from the submit queues enter with the sum of their ages, so
-// their time before the leader saw them is counted too; events that arrive out of time
-// order (another thread read the clock a little earlier) correct the integral for the
-// stretch since their time.
+// their time before the leader saw them is counted too; a batch's time executing is
+// added when it completes; events that arrive out of time order (another thread read the
+// clock a little earlier) correct the integral for the stretch since their time.
 #pragma once
 
 #include <algorithm>
@@ -41,20 +41,19 @@ class OccupancyMeter {
     in_pipeline_.add(t, static_cast<std::int64_t>(n), age_sum);
   }
 
-  // n requests began executing (their batch formed) at t.
-  void start(BatchTime t, std::uint64_t n) noexcept {
-    if (n == 0) return;
-    std::lock_guard lock(mu_);
-    executing_.add(t, static_cast<std::int64_t>(n), BatchDuration::zero());
-  }
-
-  // n requests completed at t, `executing` of them from a batch, with latencies summing
-  // to latency_sum.
-  void leave(BatchTime t, std::uint64_t n, std::uint64_t executing, BatchDuration latency_sum) noexcept {
+  // n requests completed at t with latencies summing to latency_sum; `executing` of them
+  // had been in a batch since `formed` (counted as executing from then, once they leave:
+  // one update per batch).
+  void leave(BatchTime t, std::uint64_t n, std::uint64_t executing, BatchTime formed,
+             BatchDuration latency_sum) noexcept {
     if (n == 0) return;
     std::lock_guard lock(mu_);
     in_pipeline_.add(t, -static_cast<std::int64_t>(n), BatchDuration::zero());
-    if (executing > 0) executing_.add(t, -static_cast<std::int64_t>(executing), BatchDuration::zero());
+    if (executing > 0) {
+      const auto k = static_cast<std::int64_t>(executing);
+      executing_.add(t, k, t > formed ? (t - formed) * k : BatchDuration::zero());
+      executing_.add(t, -k, BatchDuration::zero());
+    }
     completed_ += n;
     latency_s_ += std::chrono::duration<double>(latency_sum).count();
   }
