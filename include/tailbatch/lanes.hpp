@@ -1,13 +1,15 @@
 // Lanes: where a formed batch runs.
 //
 // A lane is one place a model call can run: a host worker slot here, a CUDA stream in the
-// StreamPool (tailbatch/cuda/stream_pool.hpp). A Pipeline's worker thread leases a lane
-// for each batch, hands the lane to the user's model as `Lane&`, and returns it when the
-// batch completes. The backend picks the least-loaded lane that is below its per-lane
-// in-flight cap, so that work spreads evenly and no lane is oversubscribed.
+// StreamPool (tailbatch/cuda/stream_pool.hpp). A Pipeline leases a lane slot only once it
+// has a batch to run, hands the lane to the user's model as `Lane&`, and returns the slot
+// when the model call returns. The backend picks the least-loaded lane that is below its
+// per-lane in-flight cap, so that work spreads evenly and no lane is oversubscribed.
 //
 // The backend owns no threads: the Pipeline's workers do the waiting. A backend may be
-// shared by several Pipelines; each lease is independent.
+// shared by several Pipelines; each lease is independent, an idle Pipeline holds no
+// slot, and takers that wait are served first come, first served, so that busy Pipelines
+// take turns.
 #pragma once
 
 #include <chrono>
@@ -38,6 +40,9 @@ namespace tailbatch {
 //                      lane is at its cap. Never blocks, never throws.
 //   b.acquire_for(d)   as try_acquire, but waits up to d for a slot to free; nullopt on
 //                      timeout. May block; must not throw for a non-negative d.
+//   b.free_slots_approx()  optional: slots free right now (racy). A Pipeline tells its
+//                      batch policy how many are idle (BatchView::idle_lanes); without
+//                      this member it counts only its own batches as busy.
 //
 // All members must be thread-safe: leases are taken and returned from many threads.
 template <class B>
@@ -133,15 +138,21 @@ class HostLanes {
   [[nodiscard]] std::size_t lane_capacity() const noexcept { return slots_.capacity(); }
 
   // A lease on the least-loaded lane below its cap (the lowest index among equals), or
-  // nullopt when all are at their cap. Never blocks on a full backend (takes a short
-  // internal lock), never allocates. Thread-safe.
+  // nullopt when all are at their cap or another taker is waiting in acquire_for (waiters
+  // come first). Never blocks on a full backend (takes a short internal lock), never
+  // allocates. Thread-safe.
   [[nodiscard]] std::optional<Lease> try_acquire() noexcept { return lease(slots_.try_take()); }
 
-  // As try_acquire, but waits up to `timeout` for a slot to free. Blocks. Returns nullopt
-  // on timeout. Thread-safe.
+  // As try_acquire, but waits up to `timeout` for a slot to free. Waiters are served
+  // first come, first served: a slot given back goes to the longest waiter. Blocks.
+  // Returns nullopt on timeout. Throws only std::system_error (the condition variable).
+  // Thread-safe.
   [[nodiscard]] std::optional<Lease> acquire_for(std::chrono::nanoseconds timeout) {
     return lease(slots_.take_for(timeout));
   }
+
+  // Slots (over all lanes) free right now; racy by nature. Never blocks. Thread-safe.
+  [[nodiscard]] std::size_t free_slots_approx() const noexcept { return slots_.free_approx(); }
 
   // Leases held on lane `index` right now; racy by nature. Thread-safe.
   [[nodiscard]] std::size_t in_flight_approx(std::size_t index) const noexcept {

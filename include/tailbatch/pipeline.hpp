@@ -1,22 +1,25 @@
 // The Pipeline: the request path users embed around their own model call.
 //
-//   submit(req, {deadline, priority, cancel})
+//   submit(req, {deadline, timeout, arrival, priority, cancel})
 //     -> admission (AdmissionPolicy: AdmitAll, ConcurrencyLimiter)
 //     -> bounded queue (three priority lanes; EDF or arrival order; length buckets)
 //     -> batch policy decides "close now?" (FixedWindow, PreferredSizes, TokenBudget,
 //        DeadlineAware, or your own BatchPolicy)
-//     -> a lane is leased (HostLanes, or the CUDA StreamPool)
+//     -> a lane is leased for the formed batch (HostLanes, or the CUDA StreamPool), and
+//        deadlines are checked once more against the clock at that moment
 //     -> model(span<const Req>, span<Resp>, Lane&)
 //     -> each request's completion (future or callback), timed into the metrics.
 //
 // Every submitted request completes exactly once: ok, rejected (queue_full with a
-// retry-after hint, overloaded, shutting_down, too_large), deadline_exceeded (never
-// executed late), cancelled, or failed (the model threw; the worker lives on).
+// retry-after hint, overloaded, shutting_down, too_large), deadline_exceeded (a deadline
+// is a latest start: a request is never started after it), cancelled, or failed (the
+// model threw; the worker lives on).
 //
 // Threads. With SteadyClock the Pipeline owns its worker threads (by default one per lane
 // slot) and nothing else starts any: the workers take turns leading batch formation (the
-// leader waits on a condition variable until the policy closes a batch), then run the
-// batch they formed on the lane they leased and deliver its completions. On Linux each
+// leader waits on a condition variable until the policy closes a batch), lease a lane slot
+// for the batch they formed (never while waiting for work: an idle Pipeline holds no
+// slot of lanes it shares), run it and deliver its completions. On Linux each
 // worker sets its own timer slack to 1 ns, so that its timed sleeps end on time. Submitters
 // append to per-thread submit shards and never wait for the leader; a request without a
 // deadline may be stamped with the cycle counter, which the leader converts to clock time
@@ -45,6 +48,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -59,6 +63,7 @@
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/cycle_stamp.hpp>
 #include <tailbatch/detail/pipeline_completion.hpp>
+#include <tailbatch/detail/pipeline_occupancy.hpp>
 #include <tailbatch/detail/queue_staging.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/lanes.hpp>
@@ -69,11 +74,23 @@ namespace tailbatch {
 
 // Per-request options of Pipeline::submit.
 struct SubmitOptions {
-  // The latest time the request may start executing; past it the request completes with
-  // Status::deadline_exceeded instead. BatchTime::max(): none.
+  // The latest START time: the request's model call may begin no later than this. A
+  // request still waiting then (queued, or in a batch about to be handed to its lane)
+  // completes with Status::deadline_exceeded and is never executed; one that started in
+  // time is not interrupted however long the model takes. BatchTime::max(): none.
   BatchTime deadline = BatchTime::max();
-  // When positive, the deadline is also at most the Pipeline clock's now() + timeout.
+  // A budget for the latest start, counted from the arrival (below):
+  //   > 0  the deadline is also at most arrival + timeout;
+  //   = 0  no budget (the default): only `deadline` applies;
+  //   < 0  the budget was already spent upstream: the request completes at once, inside
+  //        submit, with Status::deadline_exceeded.
   std::chrono::nanoseconds timeout{0};
+  // When the request reached the server (a time of the Pipeline's clock), if earlier than
+  // the submit: the queue wait, the end-to-end latency, the batch window's opening and
+  // the timeout count from it, so that time spent before submit (an accept queue, a
+  // parser) shows in the metrics. Unset: the time of the submit. A time later than the
+  // submit counts as the submit.
+  std::optional<BatchTime> arrival{};
   Priority priority = Priority::normal;
   // Stopping its source cancels the request: a queued request is removed and completes
   // with Status::cancelled; an executing one has its result discarded.
@@ -122,6 +139,13 @@ struct PipelineConfig {
   // to each. nullptr: none, at no cost.
   MetricsRegistry* metrics = nullptr;
   Labels metric_labels{};
+  // Where the Pipeline writes the few lines it has to say: the one-time warning that
+  // callers blocked on futures limit the batch size, and the Little's-law check's finding
+  // of a hidden queue. One line per call, without a trailing newline. Called from a
+  // worker thread (or the thread calling poll() or check_littles_law()), possibly from
+  // several at once: it must be thread-safe, quick, and should not throw (what it throws
+  // is dropped). Unset (the default): nothing is written anywhere.
+  std::function<void(std::string_view)> log{};
 };
 
 // Counts since construction. Exact once shutdown() has returned; while the Pipeline runs
@@ -133,6 +157,13 @@ struct PipelineStats {
   std::array<std::uint64_t, dispatch_reason_count> batches_by_reason{};  // indexed by DispatchReason
   std::uint64_t batched_requests = 0;      // requests executed in batches (without padding)
   std::uint64_t callback_exceptions = 0;   // completion callbacks that threw
+  // Requests that were in a formed batch but had passed their deadline (or were
+  // cancelled) when the batch was handed to its lane: they were not executed.
+  std::uint64_t dropped_at_start = 0;
+  // Batches that looked limited by callers blocked on futures (see
+  // Pipeline::blocked_submitters_approx()).
+  std::uint64_t submitter_limited_batches = 0;
+  std::size_t blocked_submitters = 0;      // future-returning submits not yet completed
   std::size_t queued = 0;
   std::size_t in_flight = 0;
 
@@ -154,6 +185,47 @@ struct PipelineStats {
     return n;
   }
 };
+
+// Time integrals of what a Pipeline holds, read at one moment (Pipeline::occupancy());
+// two of them give the averages over the time between (occupancy_between), which is what
+// a Little's-law check needs. Cumulative since the Pipeline was constructed.
+struct PipelineOccupancy {
+  BatchTime at{};                // when it was read (the Pipeline's clock)
+  double in_pipeline_s = 0.0;    // integral over time of requests queued or executing, request-seconds
+  double executing_s = 0.0;      // integral over time of requests in formed batches, request-seconds
+  std::uint64_t completed = 0;   // requests that were queued and have completed, in any status
+  double latency_s = 0.0;        // their end-to-end latencies (from arrival), summed, seconds
+};
+
+// Averages over the window between two readings of PipelineOccupancy.
+struct OccupancyWindow {
+  std::chrono::nanoseconds window{0};
+  double mean_in_pipeline = 0.0;  // time-averaged requests queued or executing (L)
+  double mean_queued = 0.0;       // time-averaged requests queued
+  double mean_executing = 0.0;    // time-averaged requests in formed batches
+  double throughput_per_s = 0.0;  // completions per second (lambda)
+  std::chrono::nanoseconds mean_latency{0};  // mean end-to-end latency of those completions (W)
+};
+
+// The averages between `from` and a later reading `to` of the same Pipeline; all zero when
+// `to` is not later. Never throws. Thread-safe (a pure function).
+[[nodiscard]] inline OccupancyWindow occupancy_between(const PipelineOccupancy& from,
+                                                       const PipelineOccupancy& to) noexcept {
+  OccupancyWindow w;
+  if (!(to.at > from.at)) return w;
+  w.window = std::chrono::duration_cast<std::chrono::nanoseconds>(to.at - from.at);
+  const double seconds = std::chrono::duration<double>(to.at - from.at).count();
+  w.mean_in_pipeline = std::max(0.0, (to.in_pipeline_s - from.in_pipeline_s) / seconds);
+  w.mean_executing = std::max(0.0, (to.executing_s - from.executing_s) / seconds);
+  w.mean_queued = std::max(0.0, w.mean_in_pipeline - w.mean_executing);
+  const std::uint64_t done = to.completed >= from.completed ? to.completed - from.completed : 0;
+  w.throughput_per_s = static_cast<double>(done) / seconds;
+  if (done > 0) {
+    const double mean = std::max(0.0, (to.latency_s - from.latency_s) / static_cast<double>(done));
+    w.mean_latency = std::chrono::nanoseconds(std::llround(mean * 1e9));
+  }
+  return w;
+}
 
 // What one poll() did.
 struct PollResult {
@@ -236,8 +308,8 @@ std::optional<std::uint64_t> admission_limit(const A& a) noexcept {
 // responses[i] for requests[i]. If it throws, every request of the batch completes with
 // Status::failed and the exception's what(); the worker carries on.
 //
-// Thread-safety: submit(), stats(), queued_approx(), in_flight_approx() and shutdown()
-// may be called from any thread at once. poll() may be called from several threads (the
+// Thread-safety: submit(), stats(), the *_approx() observers, occupancy(),
+// check_littles_law() and shutdown() may be called from any thread at once. poll() may be called from several threads (the
 // calls take turns). The model and the completion callbacks must not call shutdown(),
 // poll() or the destructor of their own Pipeline.
 //
@@ -323,12 +395,13 @@ class Pipeline {
 
   // Queues req and returns a future of its outcome, which is always fulfilled (never a
   // broken promise). Allocates the future's shared state; throws std::bad_alloc only.
-  // Thread-safe.
+  // Until the outcome is set the request counts as a blocked submitter (see
+  // blocked_submitters_approx()). Thread-safe.
   [[nodiscard]] std::future<Outcome<Resp>> submit(Req req, SubmitOptions options = {}) {
-    std::promise<Outcome<Resp>> promise;
-    std::future<Outcome<Resp>> future = promise.get_future();
-    detail::Completion<Resp> done(
-        [p = std::move(promise)](Outcome<Resp>&& o) mutable { p.set_value(std::move(o)); });
+    FutureDone f;
+    std::future<Outcome<Resp>> future = f.promise.get_future();
+    detail::Completion<Resp> done(std::move(f));
+    future_waiters_.fetch_add(1, std::memory_order_relaxed);
     enqueue(std::move(req), options, std::move(done));
     return future;
   }
@@ -347,19 +420,15 @@ class Pipeline {
         result.next_due = clock_.now();
         return result;
       }
-      std::optional<typename Lanes::Lease> lease = lanes_->try_acquire();
       std::unique_lock lead(lead_mu_);
-      if (!lease) {
-        result.next_due = clock_.now();
-        return result;
-      }
+      LeaseSlot lease;
       BatchTime next_due = BatchTime::max();
-      const Lead r = lead_step(manual_batch_, false, next_due);
+      const Lead r = lead_step(manual_batch_, false, next_due, lease);
       if (r != Lead::formed) {
         result.next_due = next_due;
         return result;
       }
-      run_batch(manual_batch_, lease->lane());
+      run_batch(manual_batch_, lease);
       ++result.batches;
     }
   }
@@ -400,6 +469,49 @@ class Pipeline {
   // The recent rate at which batches take requests off the queue, per second (0 until
   // measured). Racy. Thread-safe.
   [[nodiscard]] double drain_rate_approx() const noexcept { return drain_rate_.load(std::memory_order_relaxed); }
+  // Future-returning submits whose outcome is not yet set: in a server that blocks a
+  // thread on each future, the callers blocked right now. When these are fewer than
+  // max_batch x lane slots, they cap the batch size; batches that look capped so are
+  // counted (stats().submitter_limited_batches) and, with Config::log set, reported once.
+  // Racy. Thread-safe.
+  [[nodiscard]] std::size_t blocked_submitters_approx() const noexcept {
+    return static_cast<std::size_t>(std::max<std::int64_t>(0, future_waiters_.load(std::memory_order_relaxed)));
+  }
+
+  // The time integrals of requests held, read now (see PipelineOccupancy): two readings
+  // give the time-averaged in-pipeline, queued and executing counts, the throughput and
+  // the mean latency over the same window (occupancy_between). Requests count from their
+  // submit (not from SubmitOptions::arrival): a server that passes arrival times sees its
+  // own queue before submit as the gap between L and lambda x W. Requests submitted but
+  // not yet taken by the batch leader are counted once it takes them (from their submit),
+  // and a batch's time executing once it completes.
+  // Takes a short lock; never blocks otherwise, never allocates. Thread-safe.
+  [[nodiscard]] PipelineOccupancy occupancy() const noexcept {
+    const detail::OccupancyReading r = occupancy_.read(clock_.now());
+    return PipelineOccupancy{r.at, r.in_pipeline_s, r.executing_s, r.completed, r.latency_s};
+  }
+
+  // Runs the Little's-law check (tailbatch::check_littles_law, metrics.hpp) on this
+  // Pipeline's own measurements over the window since the previous call (the first call:
+  // since construction): L = the time-averaged requests in the Pipeline, lambda = their
+  // completions per second, W = their mean end-to-end latency. The result is exported
+  // (tailbatch_pipeline_littles_law_deviation, tailbatch_pipeline_hidden_queue_suspected)
+  // and, when a hidden queue is suspected, written as one line to Config::log. Call it
+  // periodically (every 10-60 s: a window much longer than the latency, so that the
+  // requests straddling its edges matter little). Allocates the explanation; blocks only
+  // for other calls of it and the log sink. Throws std::invalid_argument unless
+  // threshold > 0 (a relative deviation, 0.2 = 20 %). Thread-safe.
+  LittlesLawCheck check_littles_law(double threshold = 0.2) {
+    std::lock_guard lock(littles_mu_);
+    const PipelineOccupancy now = occupancy();
+    const OccupancyWindow w = occupancy_between(littles_last_, now);
+    LittlesLawCheck c = tailbatch::check_littles_law(w.throughput_per_s, w.mean_latency, w.mean_in_pipeline, threshold);
+    littles_last_ = now;
+    littles_deviation_.store(c.relative_deviation, std::memory_order_relaxed);
+    littles_suspected_.store(c.hidden_queue_suspected, std::memory_order_relaxed);
+    if (c.hidden_queue_suspected) log_line("tailbatch: pipeline Little's law check: " + c.explanation);
+    return c;
+  }
 
   // Counts since construction (see PipelineStats). Takes each submit shard's lock in
   // turn, briefly. Thread-safe.
@@ -420,6 +532,9 @@ class Pipeline {
     }
     s.batched_requests = batched_requests_.load(std::memory_order_relaxed);
     s.callback_exceptions = callback_exceptions_.load(std::memory_order_relaxed);
+    s.dropped_at_start = dropped_at_start_.load(std::memory_order_relaxed);
+    s.submitter_limited_batches = submitter_limited_.load(std::memory_order_relaxed);
+    s.blocked_submitters = blocked_submitters_approx();
     s.in_flight = in_flight_.load(std::memory_order_relaxed);
     return s;
   }
@@ -436,9 +551,18 @@ class Pipeline {
   using Ticket = typename Admission::Ticket;
   using Hook = detail::CancelHook;
 
+  // The completion of a future-returning submit (told apart from callbacks, to count the
+  // callers blocked on futures). Fits the completion's inline buffer.
+  struct FutureDone {
+    std::promise<Outcome<Resp>> promise;
+    void operator()(Outcome<Resp>&& o) { promise.set_value(std::move(o)); }
+  };
+  static_assert(detail::Completion<Resp>::template fits_inline<FutureDone>);
+
   struct Meta {
     detail::Completion<Resp> done;
     BatchTime arrival;
+    BatchTime deadline;  // the latest start
     std::unique_ptr<Hook> cancel;
     [[no_unique_address]] Ticket ticket;
   };
@@ -450,7 +574,6 @@ class Pipeline {
   struct EntryFields {
     Req req;
     Meta meta;
-    BatchTime deadline;
     [[no_unique_address]] CostField cost;
   };
   // One cache line per entry when it fits in one: submitters on different cores then
@@ -462,12 +585,11 @@ class Pipeline {
   struct alignas(entry_align) Entry {
     Req req;
     Meta meta;
-    BatchTime deadline;
     [[no_unique_address]] CostField cost;
 
     Entry(Req&& r, detail::Completion<Resp>&& d, BatchTime arrival, std::unique_ptr<Hook>&& h, Ticket&& t,
           BatchTime dl, [[maybe_unused]] std::size_t c)
-        : req(std::move(r)), meta{std::move(d), arrival, std::move(h), std::move(t)}, deadline(dl) {
+        : req(std::move(r)), meta{std::move(d), arrival, dl, std::move(h), std::move(t)} {
       if constexpr (std::is_same_v<CostField, std::size_t>) cost = c;
     }
 
@@ -483,7 +605,7 @@ class Pipeline {
   // A taken or completed entry has given its completion away.
   struct EntryTraits {
     static bool gone(const Entry& e) noexcept { return !e.meta.done; }
-    static BatchTime deadline(const Entry& e) noexcept { return e.deadline; }
+    static BatchTime deadline(const Entry& e) noexcept { return e.meta.deadline; }
   };
 
   struct Batch {
@@ -494,9 +616,22 @@ class Pipeline {
     DispatchReason reason = DispatchReason::window;
     BatchTime opened{};  // the first request's arrival
     BatchTime formed{};
+    BatchTime earliest_deadline = BatchTime::max();
+    bool cancellable = false;  // some request has a cancellation token
+    // Looked limited by blocked submitters: report it (once) after the model call.
+    bool warn_submitters = false;
+    std::size_t blocked = 0;  // blocked submitters when it formed
+    // Scratch for the requests dropped when the batch starts, and for those kept.
+    std::vector<Meta> dropped;
+    std::vector<Status> dropped_status;
+    std::vector<Req> kept_reqs;
+    std::vector<Meta> kept_metas;
   };
 
-  enum class Lead : std::uint8_t { formed, idle, finished };
+  // formed: a batch, with a lane leased for it. no_lane: a batch is due but every lane
+  // slot is busy (manual stepping only; a worker waits for one).
+  enum class Lead : std::uint8_t { formed, idle, finished, no_lane };
+  using LeaseSlot = std::optional<typename Lanes::Lease>;
 
   struct Metrics {
     std::array<LatencyHistogram*, 4> hist{};  // queue wait, formation, model, end to end
@@ -505,6 +640,7 @@ class Pipeline {
     Counter* batched = nullptr;
     std::array<Counter*, 8> outcomes{};
     Counter* callback_exceptions = nullptr;
+    Counter* submitter_limited = nullptr;
     std::vector<CallbackRegistration> gauges;
   };
   enum Hist : std::size_t { queue_wait = 0, formation = 1, model_time = 2, end_to_end = 3 };
@@ -533,6 +669,13 @@ class Pipeline {
     std::vector<std::vector<Entry>> free_chunks;   // emptied chunks, capacity kept
     std::size_t chunks_made = 0;
     std::size_t slots = 0;                         // queue places claimed, not yet used
+    // The submit times of the requests incoming here, summed (modulo 2^64), for the
+    // occupancy integrals: clock readings (BatchDuration ticks since the clock's epoch),
+    // and cycle-counter readings.
+    std::uint64_t enter_ns_sum = 0;
+    std::uint64_t enter_ns_count = 0;
+    std::uint64_t enter_cycles_sum = 0;
+    std::uint64_t enter_cycles_count = 0;
     // Requests queued here since construction (written under mu, read without it).
     std::atomic<std::uint64_t> accepted{0};
   };
@@ -548,8 +691,11 @@ class Pipeline {
         owned_admission_(std::move(own_admission)),
         admission_(owned_admission_ ? owned_admission_.get() : admission),
         max_batch_(policy_.max_batch()),
-        staged_(priority_levels, bucket_count(policy_), policy_.order()) {
+        staged_(priority_levels, bucket_count(policy_), policy_.order()),
+        occupancy_(clock_.now()) {
     validate();
+    total_slots_ = lanes_->size() * lanes_->lane_capacity();
+    littles_last_.at = occupancy_.read(BatchTime{}).at;
     shard_count_ = config_.submit_shards != 0 ? config_.submit_shards : auto_shard_count();
     shards_ = std::make_unique<Shard[]>(shard_count_);
     shard_owner_ = std::make_unique<std::atomic<std::uint64_t>[]>(shard_count_);
@@ -664,15 +810,19 @@ class Pipeline {
     b.reqs.reserve(max_batch_);
     b.resps.reserve(max_batch_);
     b.metas.reserve(max_batch_);
+    b.dropped.reserve(max_batch_);
+    b.dropped_status.reserve(max_batch_);
+    b.kept_reqs.reserve(max_batch_);
+    b.kept_metas.reserve(max_batch_);
   }
 
   // ---- submit side -------------------------------------------------------------------
 
   void enqueue(Req&& req, const SubmitOptions& options, detail::Completion<Resp>&& done) noexcept {
-    // The arrival: the clock's time, or (no deadline to check, counter calibrated) the
-    // cycle counter, which the leader converts when it takes the request.
+    // The submit time: the clock's, or (no deadline to check, counter calibrated) the
+    // cycle counter's, which the leader converts when it takes the request.
     BatchTime now{};
-    const bool timed = options.timeout > std::chrono::nanoseconds::zero() || options.deadline != BatchTime::max();
+    const bool timed = options.timeout != std::chrono::nanoseconds::zero() || options.deadline != BatchTime::max();
     if constexpr (cycle_stamps) {
       if (!timed && stamp_cycles_.load(std::memory_order_relaxed)) {
         const std::uint64_t cycles = detail::read_cycle_counter();
@@ -680,15 +830,27 @@ class Pipeline {
       }
     }
     if (now == BatchTime{}) now = clock_.now();
+    // The arrival: the caller's, carried as it is (no earlier than the clock's origin, no
+    // later than a clock reading taken now), else the submit time.
+    BatchTime arrival = now;
+    if (options.arrival) {
+      arrival = std::max(*options.arrival, BatchTime{});
+      if (!detail::stamp_is_cycles(now)) arrival = std::min(arrival, now);
+    }
     BatchTime deadline = options.deadline;
     if (options.timeout > std::chrono::nanoseconds::zero()) {
-      deadline = std::min(deadline, detail::saturating_add(now, options.timeout));
+      deadline = std::min(deadline, detail::saturating_add(arrival, options.timeout));
     }
     if (closing_.load(std::memory_order_relaxed)) {
       return reject_inline(done, RejectReason::shutting_down, "tailbatch: the pipeline is shutting down");
     }
     if (options.cancel.stop_requested()) {
       return complete_inline(done, Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}});
+    }
+    if (options.timeout < std::chrono::nanoseconds::zero()) {
+      return complete_inline(done, Error{Status::deadline_exceeded, RejectReason::none,
+                                         "tailbatch: the request's time budget was already spent (negative timeout)",
+                                         {}});
     }
     if (now > deadline) {
       return complete_inline(done, Error{Status::deadline_exceeded, RejectReason::none,
@@ -740,7 +902,7 @@ class Pipeline {
         hook->callback.emplace(options.cancel, Hook::Fire{hook.get()});
 #if TAILBATCH_HAS_EXCEPTIONS
       } catch (...) {
-        return finish_inline(done, std::move(*ticket), now,
+        return finish_inline(done, std::move(*ticket), arrival,
                              Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}});
       }
 #endif
@@ -774,7 +936,15 @@ class Pipeline {
           // arguments were moved from: on failure they are still ours. This never
           // reallocates: requests never move while they wait.
           std::vector<Entry>& chunk = chain.back();
-          chunk.emplace_back(std::move(req), std::move(done), now, std::move(hook), std::move(*ticket), deadline, cost);
+          chunk.emplace_back(std::move(req), std::move(done), arrival, std::move(hook), std::move(*ticket), deadline,
+                             cost);
+          if (detail::stamp_is_cycles(now)) {
+            shard.enter_cycles_sum += detail::stamp_cycles(now);
+            ++shard.enter_cycles_count;
+          } else {
+            shard.enter_ns_sum += static_cast<std::uint64_t>(now.time_since_epoch().count());
+            ++shard.enter_ns_count;
+          }
           // The next request's place, for the write that comes with it.
           if (chunk.size() < chunk.capacity()) detail::prefetch_for_write(chunk.data() + chunk.size());
           shard.accepted.store(shard.accepted.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -794,7 +964,7 @@ class Pipeline {
       } catch (...) {
         if (claimed) ++shard.slots;  // still under the lock: only the allocation throws
         if (lock.owns_lock()) lock.unlock();
-        return finish_inline(done, std::move(*ticket), now,
+        return finish_inline(done, std::move(*ticket), arrival,
                              Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}}, std::move(hook));
       }
 #endif
@@ -814,7 +984,7 @@ class Pipeline {
     }
     // The hook is destroyed in finish_inline, outside the lock its callback takes.
     const bool full = refused == RejectReason::queue_full;
-    finish_inline(done, std::move(*ticket), now,
+    finish_inline(done, std::move(*ticket), arrival,
                   Error{Status::rejected, refused,
                         full ? "tailbatch: the queue is full" : "tailbatch: the pipeline is shutting down",
                         full ? retry_after_hint() : std::chrono::nanoseconds{0}},
@@ -969,6 +1139,8 @@ class Pipeline {
   }
 
   void deliver(detail::Completion<Resp>& done, Outcome<Resp>&& o) noexcept {
+    // Before the outcome is set: whoever it wakes sees itself no longer blocked.
+    if (done.template holds<FutureDone>()) future_waiters_.fetch_sub(1, std::memory_order_relaxed);
 #if TAILBATCH_HAS_EXCEPTIONS
     try {
       done(std::move(o));
@@ -1006,51 +1178,56 @@ class Pipeline {
 #else
     reserve(batch);
 #endif
+    LeaseSlot lease;
     for (;;) {
-      std::optional<typename Lanes::Lease> lease = lanes_->try_acquire();
-      while (!lease) {
-        {
-          std::lock_guard lead(lead_mu_);
-          if (finished_) return;
-        }
-#if TAILBATCH_HAS_EXCEPTIONS
-        try {
-          lease = lanes_->acquire_for(std::chrono::milliseconds(2));
-        } catch (...) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        }
-#else
-        lease = lanes_->acquire_for(std::chrono::milliseconds(2));
-#endif
-      }
       Lead r;
       {
         std::unique_lock lead(lead_mu_);
         BatchTime ignored;
-        r = lead_step(batch, true, ignored);
+        r = lead_step(batch, true, ignored, lease);
       }
       if (r == Lead::finished) return;
-      if (r == Lead::formed) run_batch(batch, lease->lane());
+      if (r == Lead::formed) run_batch(batch, lease);
     }
   }
 
+  // Waits, in line, for a lane slot; bounded, so that the leader looks again at the
+  // queue (expired and cancelled requests, shutdown) at least this often while every
+  // slot is busy.
+  static constexpr std::chrono::milliseconds lane_wait{2};
+  LeaseSlot wait_for_lane() noexcept {
+#if TAILBATCH_HAS_EXCEPTIONS
+    try {
+      return lanes_->acquire_for(lane_wait);
+    } catch (...) {
+      std::this_thread::sleep_for(lane_wait);
+      return std::nullopt;
+    }
+#else
+    return lanes_->acquire_for(lane_wait);
+#endif
+  }
+
   void drain_in_caller() noexcept {
+    LeaseSlot lease;
     for (;;) {
-      std::optional<typename Lanes::Lease> lease = lanes_->try_acquire();
       std::unique_lock lead(lead_mu_);
-      if (!lease) {
-        reject_all_staged();
-        finished_ = true;
-      }
       if (finished_) return;
       BatchTime ignored;
-      const Lead r = lead_step(manual_batch_, false, ignored);
+      const Lead r = lead_step(manual_batch_, false, ignored, lease);
       if (r == Lead::finished) return;
       if (r == Lead::formed) {
-        run_batch(manual_batch_, lease->lane());
+        run_batch(manual_batch_, lease);
+      } else if (r == Lead::no_lane && detail::is_real_time_clock<C>) {
+        // The lanes are shared and busy: wait in line for one (lead_step ends the drain
+        // at its deadline).
+        lead.unlock();
+        lease = wait_for_lane();
       } else {
-        // Closing and idle cannot both hold: flush always dispatches. Defensive stop.
+        // No lane, and a clock that will not move by itself; or (defensive: closing and
+        // idle cannot both hold, flush always dispatches) nothing to run.
         reject_all_staged();
+        publish_dequeued();
         finished_ = true;
         return;
       }
@@ -1059,9 +1236,17 @@ class Pipeline {
 
   // One leadership turn: ingest, purge, decide; form a batch, or sleep (threaded) and
   // decide again, or report when the next batch may be due (manual).
-  Lead lead_step(Batch& b, bool may_sleep, BatchTime& next_due) noexcept {
+  //
+  // A lane slot is leased only for a batch that is due: when every slot is busy the batch
+  // stays queued (growing) while the leader waits in line for one (threaded), or the turn
+  // ends with no_lane (manual). `lease` holds a slot got while waiting; it is given back
+  // before the leader sleeps.
+  Lead lead_step(Batch& b, bool may_sleep, BatchTime& next_due, LeaseSlot& lease) noexcept {
     for (;;) {
-      if (finished_) return Lead::finished;
+      if (finished_) {
+        lease.reset();
+        return Lead::finished;
+      }
       bool closing = false;
       bool cancels = false;
       BatchTime drain_deadline = BatchTime::max();
@@ -1098,14 +1283,27 @@ class Pipeline {
         reject_all_staged();
         publish_dequeued();
         finished_ = true;
+        lease.reset();
         return Lead::finished;
       }
-      Round round = decide_round(now, closing);
+      Round round = decide_round(now, closing, idle_lane_slots(lease.has_value()));
       if (round.bucket != npos) {
-        form(b, round, now);
+        if (!lease) lease = lanes_->try_acquire();
+        if (lease) {
+          form(b, round, now);
+          publish_dequeued();
+          return Lead::formed;
+        }
+        compact_all();
         publish_dequeued();
-        return Lead::formed;
+        if (!may_sleep) {
+          next_due = now;
+          return Lead::no_lane;
+        }
+        lease = wait_for_lane();
+        continue;
       }
+      lease.reset();  // nothing to run: the slot goes back before any wait
       compact_all();
       publish_dequeued();
       if (closing && staged_.size() == 0) {
@@ -1170,6 +1368,10 @@ class Pipeline {
       spare_chains_.pop_back();
     }
     shard.dirty.clear();
+    enter_ns_sum_ += std::exchange(shard.enter_ns_sum, 0);
+    enter_ns_count_ += std::exchange(shard.enter_ns_count, 0);
+    enter_cycles_sum_ += std::exchange(shard.enter_cycles_sum, 0);
+    enter_cycles_count_ += std::exchange(shard.enter_cycles_count, 0);
     // As many recycled chunks as were taken, and one more, up to the free list's
     // capacity (never allocates): the lock is held for a few moves, whatever the pool
     // holds.
@@ -1188,12 +1390,15 @@ class Pipeline {
   // Stages what take_shard took. (now, cycles): a reading of the clock and the counter
   // taken after it, to convert counter stamps with.
   void stage_ingested(BatchTime now, [[maybe_unused]] std::uint64_t cycles) noexcept {
+    note_entered(now, cycles);
     for (auto& [s, chain] : ingest_) {
       for (std::vector<Entry>& chunk : chain) {
         if constexpr (cycle_stamps) {
           for (Entry& e : chunk) {
             if (detail::stamp_is_cycles(e.meta.arrival)) {
               e.meta.arrival = calibration_.to_time(detail::stamp_cycles(e.meta.arrival), now, cycles);
+            } else if (e.meta.arrival > now) {
+              e.meta.arrival = now;  // a caller's arrival later than its submit
             }
           }
         }
@@ -1219,18 +1424,46 @@ class Pipeline {
     staged_.settle();
   }
 
+  // Enters the requests taken from the shards into the occupancy integrals, each from its
+  // submit time. (now, cycles): a reading of the clock and the counter taken after the take.
+  void note_entered(BatchTime now, [[maybe_unused]] std::uint64_t cycles) noexcept {
+    const std::uint64_t n = enter_ns_count_ + enter_cycles_count_;
+    if (n == 0) return;
+    // The sums of ages: n x now - sum of submit times, exact modulo 2^64 (and small).
+    const auto now_ticks = static_cast<std::uint64_t>(now.time_since_epoch().count());
+    double age = static_cast<double>(std::max<std::int64_t>(
+        0, static_cast<std::int64_t>(enter_ns_count_ * now_ticks - enter_ns_sum_)));
+    if constexpr (cycle_stamps) {
+      if (enter_cycles_count_ > 0) {
+        const auto ticks = static_cast<std::int64_t>(enter_cycles_count_ * cycles - enter_cycles_sum_);
+        const double ns = static_cast<double>(std::max<std::int64_t>(0, ticks)) * calibration_.ns_per_cycle();
+        age += std::chrono::duration_cast<BatchDuration>(std::chrono::duration<double, std::nano>(ns)).count();
+      }
+    }
+    occupancy_.enter(now, n, BatchDuration(static_cast<BatchDuration::rep>(age)));
+    enter_ns_sum_ = enter_ns_count_ = enter_cycles_sum_ = enter_cycles_count_ = 0;
+  }
+
   [[nodiscard]] bool is_cancelled(const Entry& e) const noexcept {
     return e.meta.cancel && e.meta.cancel->fired.load(std::memory_order_acquire);
   }
 
   // Completes a queued request that will not run. Leaves e gone.
   void complete_entry(Entry& e, Error&& err, BatchTime now) noexcept {
-    e.meta.cancel.reset();
+    complete_meta(e.meta, std::move(err), now, false, now);
+  }
+
+  // Completes a request that will not run (from the queue, or dropped from a batch, formed
+  // at `formed`, as it started). Leaves m gone.
+  void complete_meta(Meta& m, Error&& err, BatchTime now, bool from_batch, BatchTime formed) noexcept {
+    m.cancel.reset();
     const Status s = err.status;
     count_status(s, err.reason, 1);
-    admission_->release(std::move(e.meta.ticket), s, elapsed(e.meta.arrival, now));
-    if (metrics_) metrics_->hist[end_to_end]->record(elapsed(e.meta.arrival, now));
-    deliver(e.meta.done, Outcome<Resp>(std::move(err)));
+    const auto latency = elapsed(m.arrival, now);
+    admission_->release(std::move(m.ticket), s, latency);
+    if (metrics_) metrics_->hist[end_to_end]->record(latency);
+    occupancy_.leave(now, 1, from_batch ? 1 : 0, formed, latency);
+    deliver(m.done, Outcome<Resp>(std::move(err)));
   }
 
   void complete_dead(Entry& e, const Pick& p, BatchTime now) noexcept {
@@ -1291,7 +1524,19 @@ class Pipeline {
 
   // Builds every non-empty bucket's view, completing dead requests on the way, and asks
   // the policy about each. The bucket whose first candidate is most urgent wins.
-  Round decide_round(BatchTime now, bool flush) noexcept {
+  // Lane slots free for a batch now: the backend's count where it keeps one (with the
+  // slot the leader holds, if any), else every slot not running one of this Pipeline's
+  // batches.
+  [[nodiscard]] std::size_t idle_lane_slots(bool holding) const noexcept {
+    if constexpr (requires(const Lanes& l) { { l.free_slots_approx() } -> std::convertible_to<std::size_t>; }) {
+      return std::min(total_slots_, static_cast<std::size_t>(lanes_->free_slots_approx()) + (holding ? 1 : 0));
+    } else {
+      const std::size_t running = running_batches_.load(std::memory_order_relaxed);
+      return total_slots_ > running ? total_slots_ - running : 0;
+    }
+  }
+
+  Round decide_round(BatchTime now, bool flush, std::size_t idle_lanes) noexcept {
     Round round;
     round.wait.decide_again_at = BatchTime::max();
     round.wait.decide_again_if_deadline_before = BatchTime::min();
@@ -1315,12 +1560,13 @@ class Pipeline {
       View& v = views_[b];
       const bool head_starving = build_view(b, now, v);
       if (v.candidates.empty()) continue;
-      BatchView bv{std::span<const BatchCandidate>(v.candidates), staged_.live_in_bucket(b), now, flush};
+      BatchView bv{std::span<const BatchCandidate>(v.candidates), staged_.live_in_bucket(b), now, flush, idle_lanes,
+                   total_slots_};
       BatchDecision d = policy_.decide(bv);
       if (d.count > 0) {
         d.count = std::min(d.count, v.candidates.size());
         const Entry& head = staged_.at(v.picks.front());
-        const BatchTime key = policy_.order() == BatchOrder::earliest_deadline ? head.deadline : BatchTime{};
+        const BatchTime key = policy_.order() == BatchOrder::earliest_deadline ? head.meta.deadline : BatchTime{};
         const Rank r{head_starving ? 0 : 1, static_cast<int>(v.picks.front().sub % priority_levels), key, head.meta.arrival};
         if (round.bucket == npos || r < best) {
           best = r;
@@ -1364,12 +1610,12 @@ class Pipeline {
       if (staged_.live_in_sub(s) == 0) continue;
       const auto priority = static_cast<Priority>(order[i]);
       staged_.for_each(s, [&](Entry& e, const Pick& p) {
-        if (now > e.deadline || is_cancelled(e)) {
+        if (now > e.meta.deadline || is_cancelled(e)) {
           complete_dead(e, p, now);
           return true;
         }
         if (v.candidates.empty()) first_starving = i < starving;
-        v.candidates.push_back(BatchCandidate{e.meta.arrival, e.deadline, e.cost_value(), priority});
+        v.candidates.push_back(BatchCandidate{e.meta.arrival, e.meta.deadline, e.cost_value(), priority});
         v.picks.push_back(p);
         return v.candidates.size() < max_batch_;
       });
@@ -1392,12 +1638,16 @@ class Pipeline {
     b.resps.clear();
     b.metas.clear();
     b.opened = BatchTime::max();
+    b.earliest_deadline = BatchTime::max();
+    b.cancellable = false;
     // Within the reserved capacity, and Entry moves are expected not to throw: an
     // exception here terminates (this is noexcept) rather than lose a request.
     for (std::size_t i = 0; i < count; ++i) {
       const Pick& p = v.picks[i];
       Entry& e = staged_.at(p);
       b.opened = std::min(b.opened, e.meta.arrival);
+      b.earliest_deadline = std::min(b.earliest_deadline, e.meta.deadline);
+      b.cancellable = b.cancellable || e.meta.cancel != nullptr;
       b.reqs.push_back(std::move(e.req));
       b.metas.push_back(std::move(e.meta));  // leaves e gone
       staged_.removed(p);
@@ -1428,16 +1678,35 @@ class Pipeline {
       if (v.picks[i].sub != last) staged_.compact(last = v.picks[i].sub);
     }
     in_flight_.fetch_add(n, std::memory_order_relaxed);
-    dispatched_[static_cast<std::size_t>(b.reason)].fetch_add(1, std::memory_order_relaxed);
-    batched_requests_.fetch_add(n, std::memory_order_relaxed);
     update_drain_rate(n, now);
+    note_submitter_limit(b, n);
     if (metrics_) {
-      metrics_->dispatch[static_cast<std::size_t>(b.reason)]->inc();
-      metrics_->batched->inc(n);
-      const auto bucket = static_cast<std::size_t>(std::bit_width(n > 0 ? n - 1 : 0));
-      if (bucket < metrics_->by_size.size()) metrics_->by_size[bucket]->inc();
       metrics_->hist[formation]->record(elapsed(b.opened, now));
       for (const Meta& m : b.metas) metrics_->hist[queue_wait]->record(elapsed(m.arrival, now));
+    }
+  }
+
+  // A batch that closed by its window, short of max_batch, with nothing else queued, while
+  // fewer callers wait on futures than could fill every lane slot's batch (and at least as
+  // many as the batch holds): in a server that parks a thread on each future, the threads
+  // are what limits the batch. Counted; reported once, after a run of such batches.
+  void note_submitter_limit(Batch& b, std::size_t n) noexcept {
+    b.warn_submitters = false;
+    if (b.reason != DispatchReason::window || n >= max_batch_ || staged_.size() != 0) {
+      submitter_streak_ = 0;
+      return;
+    }
+    const std::size_t blocked = blocked_submitters_approx();
+    if (blocked < n || blocked >= max_batch_ * total_slots_) {
+      submitter_streak_ = 0;
+      return;
+    }
+    submitter_limited_.fetch_add(1, std::memory_order_relaxed);
+    if (metrics_) metrics_->submitter_limited->inc();
+    if (++submitter_streak_ >= submitter_warn_after && !submitter_warned_) {
+      submitter_warned_ = true;
+      b.warn_submitters = true;
+      b.blocked = blocked;
     }
   }
 
@@ -1454,33 +1723,66 @@ class Pipeline {
 
   // ---- execution and completion (no lock held) ---------------------------------------
 
-  void run_batch(Batch& b, Lane& lane) noexcept {
+  // Runs a formed batch on its leased slot, gives the slot back, and completes the batch.
+  //
+  // The clock is read as the batch is handed to the lane, and a request whose deadline
+  // (a latest start) has passed by then, or that was cancelled, is taken out of the batch
+  // without running. Nothing runs between that reading and the model call: the
+  // completions of the requests taken out wait until after it.
+  void run_batch(Batch& b, LeaseSlot& lease) noexcept {
+    const std::size_t lane_index = lease->index();
+    Lane& lane = lease->lane();
+    running_batches_.fetch_add(1, std::memory_order_relaxed);
+    const BatchTime start = clock_.now();
+    if (start > b.earliest_deadline || b.cancellable) drop_unstartable(b, start);
     const std::size_t n = b.metas.size();
     bool threw = false;
     std::string error;
-    const BatchTime start = clock_.now();
+    BatchTime end = start;
+    if (n > 0) {
 #if TAILBATCH_HAS_EXCEPTIONS
-    try {
+      try {
+        b.resps.resize(b.padded);
+        model_(std::span<const Req>(b.reqs.data(), b.padded), std::span<Resp>(b.resps.data(), b.padded), lane);
+      } catch (const std::exception& e) {
+        threw = true;
+        try {
+          error = e.what();
+        } catch (...) {
+        }
+      } catch (...) {
+        threw = true;
+        try {
+          error = "tailbatch: the model threw an exception not derived from std::exception";
+        } catch (...) {
+        }
+      }
+#else
       b.resps.resize(b.padded);
       model_(std::span<const Req>(b.reqs.data(), b.padded), std::span<Resp>(b.resps.data(), b.padded), lane);
-    } catch (const std::exception& e) {
-      threw = true;
-      try {
-        error = e.what();
-      } catch (...) {
-      }
-    } catch (...) {
-      threw = true;
-      try {
-        error = "tailbatch: the model threw an exception not derived from std::exception";
-      } catch (...) {
+#endif
+      end = clock_.now();
+      if constexpr (BatchFeedbackPolicy<Policy>) {
+        policy_.on_batch_executed(BatchFeedback{n, b.padded, elapsed(start, end), lane_index, start, threw});
       }
     }
-#else
-    b.resps.resize(b.padded);
-    model_(std::span<const Req>(b.reqs.data(), b.padded), std::span<Resp>(b.resps.data(), b.padded), lane);
-#endif
-    const BatchTime end = clock_.now();
+    // The lane is free before the completions run.
+    lease.reset();
+    running_batches_.fetch_sub(1, std::memory_order_relaxed);
+    if (n > 0) {
+      dispatched_[static_cast<std::size_t>(b.reason)].fetch_add(1, std::memory_order_relaxed);
+      batched_requests_.fetch_add(n, std::memory_order_relaxed);
+      if (metrics_) {
+        metrics_->dispatch[static_cast<std::size_t>(b.reason)]->inc();
+        metrics_->batched->inc(n);
+        const auto bucket = static_cast<std::size_t>(std::bit_width(n - 1));
+        if (bucket < metrics_->by_size.size()) metrics_->by_size[bucket]->inc();
+        metrics_->hist[model_time]->record(elapsed(start, end));
+      }
+    }
+    BatchDuration latency_sum{0};
+    for (const Meta& m : b.metas) latency_sum += elapsed(m.arrival, end);
+    occupancy_.leave(end, n, n, b.formed, latency_sum);
     std::uint64_t ok = 0;
     std::uint64_t cancelled = 0;
     std::uint64_t failed = 0;
@@ -1508,11 +1810,111 @@ class Pipeline {
     count_status(Status::ok, RejectReason::none, ok);
     count_status(Status::cancelled, RejectReason::none, cancelled);
     count_status(Status::failed, RejectReason::none, failed);
-    if (metrics_) metrics_->hist[model_time]->record(elapsed(start, end));
+    const std::size_t dropped = b.dropped.size();
+    for (std::size_t i = 0; i < dropped; ++i) {
+      const bool was_cancelled = b.dropped_status[i] == Status::cancelled;
+      complete_meta(b.dropped[i],
+                    was_cancelled ? Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}}
+                                  : Error{Status::deadline_exceeded, RejectReason::none,
+                                          "tailbatch: the deadline passed before the request's batch could start", {}},
+                    end, true, b.formed);
+    }
     b.metas.clear();
     b.reqs.clear();
     b.resps.clear();
-    in_flight_.fetch_sub(n, std::memory_order_relaxed);
+    b.dropped.clear();
+    b.dropped_status.clear();
+    in_flight_.fetch_sub(n + dropped, std::memory_order_relaxed);
+    if (b.warn_submitters) {
+      b.warn_submitters = false;
+      warn_submitter_limit(b.blocked);
+    }
+  }
+
+  // Takes out of b the requests that must not start at `start`: past their deadline, or
+  // cancelled. Their completions are kept in b.dropped for after the model call. Never
+  // allocates (every vector is reserved for max_batch).
+  void drop_unstartable(Batch& b, BatchTime start) noexcept {
+    const std::size_t n = b.metas.size();
+    const auto unstartable = [&](const Meta& m) {
+      return start > m.deadline || (m.cancel && m.cancel->fired.load(std::memory_order_acquire));
+    };
+    if (std::none_of(b.metas.begin(), b.metas.end(), unstartable)) return;
+    b.kept_reqs.clear();
+    b.kept_metas.clear();
+    for (std::size_t i = 0; i < n; ++i) {
+      Meta& m = b.metas[i];
+      if (unstartable(m)) {
+        // A request both late and cancelled is reported cancelled.
+        const bool cancelled = m.cancel && m.cancel->fired.load(std::memory_order_acquire);
+        b.dropped_status.push_back(cancelled ? Status::cancelled : Status::deadline_exceeded);
+        b.dropped.push_back(std::move(m));
+      } else {
+        b.kept_reqs.push_back(std::move(b.reqs[i]));
+        b.kept_metas.push_back(std::move(m));
+      }
+    }
+    dropped_at_start_.fetch_add(b.dropped.size(), std::memory_order_relaxed);
+    const std::size_t kept = b.kept_metas.size();
+    // A padding policy's size is kept, with copies of the last request kept; otherwise
+    // the batch shrinks.
+    std::size_t padded = kept;
+    if constexpr (std::copy_constructible<Req>) {
+      if (policy_pads() && kept > 0) padded = b.padded;
+#if TAILBATCH_HAS_EXCEPTIONS
+      try {
+#endif
+        while (b.kept_reqs.size() < padded) b.kept_reqs.push_back(b.kept_reqs[kept - 1]);
+#if TAILBATCH_HAS_EXCEPTIONS
+      } catch (...) {
+        b.kept_reqs.resize(kept);
+      }
+#endif
+      padded = b.kept_reqs.size();
+    }
+    b.reqs.clear();
+    b.metas.clear();
+    std::swap(b.reqs, b.kept_reqs);
+    std::swap(b.metas, b.kept_metas);
+    b.padded = padded;
+  }
+
+  [[nodiscard]] bool policy_pads() const noexcept {
+    if constexpr (requires { { policy_.may_pad() } -> std::convertible_to<bool>; }) {
+      return policy_.may_pad();
+    } else {
+      return false;
+    }
+  }
+
+  void warn_submitter_limit(std::size_t blocked) noexcept {
+    if (!config_.log) return;
+#if TAILBATCH_HAS_EXCEPTIONS
+    try {
+#endif
+      const std::size_t cap = max_batch_ * total_slots_;
+      log_line("tailbatch: batch size looks limited by blocked submitters: " + std::to_string(blocked) +
+               " callers wait on futures, fewer than max_batch x lane slots = " + std::to_string(cap) +
+               ", and batches close by their window with nothing else queued. If the callers are a fixed pool of "
+               "threads (a thread per request), submit with a callback instead, or let at least " +
+               std::to_string(cap) + " callers wait at once.");
+#if TAILBATCH_HAS_EXCEPTIONS
+    } catch (...) {
+    }
+#endif
+  }
+
+  // Writes one line to Config::log, if set; what it throws is dropped.
+  void log_line(std::string_view line) noexcept {
+    if (!config_.log) return;
+#if TAILBATCH_HAS_EXCEPTIONS
+    try {
+      config_.log(line);
+    } catch (...) {
+    }
+#else
+    config_.log(line);
+#endif
   }
 
   // ---- metrics -----------------------------------------------------------------------
@@ -1574,6 +1976,23 @@ class Pipeline {
         }));
     m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_drain_rate", "Requests taken off the queue per second",
                                          base, [this] { return drain_rate_approx(); }));
+    m->submitter_limited = &r.counter(
+        "tailbatch_pipeline_submitter_limited_batches_total",
+        "Batches closed by their window short of max_batch with nothing else queued, while fewer callers waited on "
+        "futures than max_batch x lane slots",
+        base);
+    m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_blocked_submitters",
+                                         "Future-returning submits whose outcome is not yet set", base,
+                                         [this] { return static_cast<double>(blocked_submitters_approx()); }));
+    m->gauges.push_back(r.gauge_callback(
+        "tailbatch_pipeline_littles_law_deviation",
+        "Relative deviation of the time-averaged requests in the pipeline from throughput x mean latency, at the "
+        "last check_littles_law()",
+        base, [this] { return littles_deviation_.load(std::memory_order_relaxed); }));
+    m->gauges.push_back(r.gauge_callback(
+        "tailbatch_pipeline_hidden_queue_suspected",
+        "1 when the last check_littles_law() deviated by more than its threshold, else 0", base,
+        [this] { return littles_suspected_.load(std::memory_order_relaxed) ? 1.0 : 0.0; }));
     metrics_ = std::move(m);
   }
 
@@ -1588,6 +2007,7 @@ class Pipeline {
   std::unique_ptr<Admission> owned_admission_;
   Admission* admission_;
   std::size_t max_batch_;
+  std::size_t total_slots_ = 1;  // lanes x lane capacity
   bool threaded_ = false;
 
   // Where submitters queue: shards, each under its own lock, merged by the leader.
@@ -1627,6 +2047,16 @@ class Pipeline {
   std::uint64_t rate_count_ = 0;
   BatchTime last_rate_sample_{};
   Batch manual_batch_;
+  // Submit times of the requests taken this turn, summed (see Shard).
+  std::uint64_t enter_ns_sum_ = 0;
+  std::uint64_t enter_ns_count_ = 0;
+  std::uint64_t enter_cycles_sum_ = 0;
+  std::uint64_t enter_cycles_count_ = 0;
+  // Consecutive batches that looked limited by blocked submitters; the warning is given
+  // once, after this many.
+  static constexpr std::size_t submitter_warn_after = 16;
+  std::size_t submitter_streak_ = 0;
+  bool submitter_warned_ = false;
 
   // Counters.
   std::atomic<double> drain_rate_{0.0};
@@ -1637,6 +2067,19 @@ class Pipeline {
   std::array<std::atomic<std::uint64_t>, dispatch_reason_count> dispatched_{};
   std::atomic<std::uint64_t> batched_requests_{0};
   std::atomic<std::uint64_t> callback_exceptions_{0};
+  std::atomic<std::uint64_t> dropped_at_start_{0};
+  std::atomic<std::uint64_t> submitter_limited_{0};
+  std::atomic<std::size_t> running_batches_{0};  // this Pipeline's batches holding a lane slot
+  // Future-returning submits not yet completed; its own cache line, away from what every
+  // callback submit touches.
+  alignas(64) std::atomic<std::int64_t> future_waiters_{0};
+
+  // The occupancy integrals and the Little's-law check's last reading.
+  detail::OccupancyMeter occupancy_;
+  std::mutex littles_mu_;
+  PipelineOccupancy littles_last_{};
+  std::atomic<double> littles_deviation_{0.0};
+  std::atomic<bool> littles_suspected_{false};
 
   std::mutex shutdown_mu_;
   bool shut_down_ = false;

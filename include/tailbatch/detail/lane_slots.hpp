@@ -1,8 +1,14 @@
 // Slot accounting shared by the lane backends (HostLanes, cuda::StreamPool): `lanes` lanes
 // of `capacity` slots each. A take picks the least-loaded lane below its cap (the lowest
 // index among equals) and a free slot in it; slot s belongs to lane s / capacity.
+//
+// Fair among takers: a taker that has to wait joins a first-come, first-served line, and
+// a slot given back goes to the first in line; while anyone waits, try_take finds
+// nothing. Several Pipelines sharing one backend therefore take turns for its slots, and
+// none can starve another by taking a freed slot again and again before a waiter wakes.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -12,42 +18,72 @@
 
 namespace tailbatch::detail {
 
-// Thread-safe. The constructor allocates (std::bad_alloc); nothing else throws.
+// Thread-safe. The constructor allocates (std::bad_alloc); nothing else throws, except
+// take_for (std::system_error, from the condition variable).
 class LaneSlots {
  public:
   LaneSlots(std::size_t lanes, std::size_t capacity)
-      : capacity_(capacity), in_flight_(lanes, 0), busy_(lanes * capacity, false) {}
+      : capacity_(capacity), in_flight_(lanes, 0), busy_(lanes * capacity, false), free_(lanes * capacity) {}
 
   [[nodiscard]] std::size_t lanes() const noexcept { return in_flight_.size(); }
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
   [[nodiscard]] std::size_t lane_of(std::size_t slot) const noexcept { return slot / capacity_; }
 
-  // A free slot, or nullopt when every lane is at its cap. Never blocks on a full set.
+  // A free slot, or nullopt when every lane is at its cap or someone is waiting for a
+  // slot (they come first). Never blocks on a full set.
   [[nodiscard]] std::optional<std::size_t> try_take() noexcept {
     std::lock_guard lock(mu_);
+    if (head_ != nullptr) return std::nullopt;
     return take_locked();
   }
 
-  // As try_take, waiting up to `timeout` for a slot to be given back. Blocks.
+  // As try_take, waiting up to `timeout` in line for a slot to be given back. Blocks.
   [[nodiscard]] std::optional<std::size_t> take_for(std::chrono::nanoseconds timeout) {
     std::unique_lock lock(mu_);
-    std::optional<std::size_t> slot = take_locked();
-    if (slot) return slot;
-    freed_.wait_for(lock, timeout, [&] {
-      slot = take_locked();
-      return slot.has_value();
-    });
-    return slot;
+    if (head_ == nullptr) {
+      if (std::optional<std::size_t> slot = take_locked()) return slot;
+    }
+    if (timeout <= std::chrono::nanoseconds::zero()) return std::nullopt;
+    Waiter w;
+    if (tail_ == nullptr) {
+      head_ = &w;
+    } else {
+      tail_->next = &w;
+    }
+    tail_ = &w;
+    // Leaves the line however the wait ends (a wait that throws returns with the lock
+    // held), unless a slot was handed over.
+    struct Leave {
+      LaneSlots* self;
+      Waiter* w;
+      ~Leave() {
+        if (!w->slot) self->unlink(w);
+      }
+    } leave{this, &w};
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (!w.slot && w.cv.wait_until(lock, until) != std::cv_status::timeout) {
+    }
+    return w.slot;
   }
 
-  // Returns a slot taken by try_take or take_for, exactly once.
+  // Returns a slot taken by try_take or take_for, exactly once. Hands it (or another
+  // free one) to the first in line.
   void give_back(std::size_t slot) noexcept {
-    {
-      std::lock_guard lock(mu_);
-      busy_[slot] = false;
-      --in_flight_[lane_of(slot)];
+    std::lock_guard lock(mu_);
+    busy_[slot] = false;
+    --in_flight_[lane_of(slot)];
+    free_.fetch_add(1, std::memory_order_relaxed);
+    while (head_ != nullptr) {
+      std::optional<std::size_t> s = take_locked();
+      if (!s) break;
+      Waiter* w = head_;
+      head_ = w->next;
+      if (head_ == nullptr) tail_ = nullptr;
+      w->slot = s;
+      // Under the lock: once it is released the waiter may return and take its
+      // condition variable with it.
+      w->cv.notify_one();
     }
-    freed_.notify_one();
   }
 
   // Slots held on `lane` right now (0 for an index out of range); racy by nature.
@@ -64,7 +100,17 @@ class LaneSlots {
     return n;
   }
 
+  // Slots free right now (no lock); racy by nature.
+  [[nodiscard]] std::size_t free_approx() const noexcept { return free_.load(std::memory_order_relaxed); }
+
  private:
+  // One taker waiting in line, on its own stack.
+  struct Waiter {
+    std::condition_variable cv;
+    std::optional<std::size_t> slot;
+    Waiter* next = nullptr;
+  };
+
   std::optional<std::size_t> take_locked() noexcept {
     const std::size_t n = in_flight_.size();
     std::size_t best = n;
@@ -76,14 +122,27 @@ class LaneSlots {
     while (busy_[slot]) ++slot;  // a free slot exists: in_flight_[best] < capacity_
     busy_[slot] = true;
     ++in_flight_[best];
+    free_.fetch_sub(1, std::memory_order_relaxed);
     return slot;
+  }
+
+  void unlink(Waiter* w) noexcept {
+    Waiter* prev = nullptr;
+    for (Waiter* p = head_; p != nullptr; prev = p, p = p->next) {
+      if (p != w) continue;
+      (prev == nullptr ? head_ : prev->next) = p->next;
+      if (tail_ == p) tail_ = prev;
+      return;
+    }
   }
 
   std::size_t capacity_;
   mutable std::mutex mu_;
-  std::condition_variable freed_;
   std::vector<std::size_t> in_flight_;
   std::vector<bool> busy_;
+  std::atomic<std::size_t> free_;
+  Waiter* head_ = nullptr;  // the line, first come first served
+  Waiter* tail_ = nullptr;
 };
 
 }  // namespace tailbatch::detail

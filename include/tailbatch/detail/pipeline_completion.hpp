@@ -65,6 +65,12 @@ class Completion {
     ops->consume(buf_, std::move(outcome));
   }
 
+  // Whether this holds a callable of type Fn (as constructed from an Fn). Never throws.
+  template <class Fn>
+  [[nodiscard]] bool holds() const noexcept {
+    return ops_ != nullptr && (ops_ == &inline_ops<Fn> || ops_ == &heap_ops<Fn>);
+  }
+
   void reset() noexcept {
     if (ops_ != nullptr) {
       if (ops_->destroy != nullptr) ops_->destroy(buf_);
