@@ -165,21 +165,6 @@ static_assert(tb::AdmissionPolicy<ServerAdmission>);
 using ClassifyPipeline = tb::Pipeline<std::string, ref::Prediction, tb::FixedWindow, tb::HostLanes, ServerAdmission>;
 using Batcher = tb::ContinuousBatcher<std::int32_t, ref::GeneratorState>;
 
-// True when the classifier's Prediction says itself whether the text was cut.
-template <class P>
-concept ReportsTruncation = requires(const P& p) {
-  { p.truncated } -> std::convertible_to<bool>;
-};
-
-// The Prediction's own truncation flag where it has one, else what the server computed.
-template <class P>
-bool truncated_of(const P& p, bool computed) {
-  if constexpr (ReportsTruncation<P>) {
-    return p.truncated;
-  } else {
-    return computed;
-  }
-}
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -223,7 +208,6 @@ class Server {
   tb::MetricsRegistry registry_;
   ref::Classifier classifier_;
   ref::ClassifierModel classifier_model_;
-  std::optional<ref::Tokenizer> counting_tokenizer_;  // max_tokens + 1: tells whether a text was cut
   ref::Generator generator_;
   ref::Tokenizer prompt_tokenizer_;
   tb::HostLanes lanes_;
@@ -277,7 +261,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   struct ClassifyJob {
     std::shared_ptr<Connection> conn;
     std::vector<std::optional<tb::Outcome<ref::Prediction>>> outcomes;
-    std::vector<bool> truncated;
     std::atomic<std::size_t> remaining{0};
     tb::CancellationSource cancel;
     bool batch_form = false;
@@ -387,7 +370,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         continue;
       }
       const ref::Prediction& p = o.value();
-      const bool truncated = truncated_of(p, job->truncated[i]);
+      const bool truncated = p.truncated;
       results.push_back(
           {{"label", ref::to_string(p.label)}, {"score", static_cast<double>(p.confidence())}, {"truncated", truncated}});
     }
@@ -669,11 +652,6 @@ Server::Server(const Options& o)
       acceptor_(accept_strand_),
       signals_(accept_strand_, SIGINT, SIGTERM) {
   limits_.max_generate_tokens = o.gen_max_tokens;
-  if constexpr (!ReportsTruncation<ref::Prediction>) {
-    const auto words = ref::detail::lexicon_words();
-    counting_tokenizer_.emplace(
-        ref::TokenizerOptions{classifier_.config().vocab_size, classifier_.config().max_tokens + 1}, words);
-  }
   tb::PipelineConfig<std::string> pc;
   pc.queue_capacity = o.queue_capacity;
   pc.drain_timeout = std::chrono::milliseconds(o.drain_timeout_ms);
@@ -808,19 +786,12 @@ void Server::classify(const std::shared_ptr<Connection>& c, const http::request<
   job->conn = c;
   job->batch_form = decoded->batch_form;
   job->outcomes.resize(n);
-  job->truncated.assign(n, false);
   job->remaining.store(n, std::memory_order_relaxed);
-  if constexpr (!ReportsTruncation<ref::Prediction>) {
-    thread_local std::vector<std::uint32_t> ids;
-    for (std::size_t i = 0; i < n; ++i) {
-      ids.clear();
-      job->truncated[i] = counting_tokenizer_->tokenize(decoded->texts[i], ids) > classifier_.config().max_tokens;
-    }
-  }
   c->set_classify_job(job);
   c->work_started();
   tb::SubmitOptions so;
   so.deadline = *deadline;
+  so.arrival = c->context().arrival;  // queue wait and latency count from the headers' arrival
   so.cancel = job->cancel.get_token();
   for (std::size_t i = 0; i < n; ++i) {
     pipeline_->submit(std::move(decoded->texts[i]), so, [job, i](tb::Outcome<ref::Prediction>&& o) {
