@@ -18,8 +18,8 @@
 // and a real target's completions run on other threads.
 #include <benchmark/benchmark.h>
 
-#include <tailbatch/load_generator.hpp>
-#include <tailbatch/simulator.hpp>
+#include <tailbatch/tools/load_generator.hpp>
+#include <tailbatch/tools/simulator.hpp>
 
 #include <chrono>
 #include <cstdint>

@@ -4,14 +4,14 @@
 //   2.5 ms per extra item. Network 4 ms; batch window 6 ms for batch > 1. Two streams.
 //   Tail inflation about +20 %.
 //
-// The planner (tailbatch/planner.hpp) does the guide's arithmetic for every batch size and
-// recommends one; the simulator (tailbatch/simulator.hpp) then runs the real Pipeline with
+// The planner (tailbatch/tools/planner.hpp) does the guide's arithmetic for every batch size and
+// recommends one; the simulator (tailbatch/tools/simulator.hpp) then runs the real Pipeline with
 // a FixedWindow on the modelled model, at the load each replica would carry, and reports
 // the p50/p95 and throughput that configuration would actually see. Runs in well under a
 // second; the numbers are the same on every machine (same seed, same standard library),
 // except the CPU time each simulation took.
-#include <tailbatch/planner.hpp>
-#include <tailbatch/simulator.hpp>
+#include <tailbatch/tools/planner.hpp>
+#include <tailbatch/tools/simulator.hpp>
 
 #include <fmt/core.h>
 

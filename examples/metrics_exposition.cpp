@@ -24,6 +24,7 @@
 #include <tailbatch/clock.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
+#include <tailbatch/tools/littles_law.hpp>
 #include <vector>
 
 int main() {

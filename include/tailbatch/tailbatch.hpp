@@ -1,5 +1,12 @@
-// tailbatch: the umbrella header. Everything but the CUDA subtree, which CUDA users
-// include on its own as <tailbatch/cuda.hpp>.
+// tailbatch: the umbrella header, exactly the core a server links (tailbatch::tailbatch).
+//
+// Not included here, each on purpose:
+//   <tailbatch/cuda.hpp>               the CUDA subtree (stream pool, fallback lanes, RAII
+//                                      handles), for code that opts in to <cuda_runtime.h>;
+//   <tailbatch/tools/...>              planner, Little's-law check, simulator, load generator,
+//                                      load profiles, SVG plots (tailbatch::tools);
+//   <tailbatch/reference/...>          the reference classifier and generator used by the
+//                                      examples, tests and benchmarks (tailbatch::reference).
 #pragma once
 
 #include <tailbatch/version.hpp>
@@ -15,12 +22,3 @@
 #include <tailbatch/pipeline.hpp>
 #include <tailbatch/token_streamer.hpp>
 #include <tailbatch/continuous_batcher.hpp>
-#include <tailbatch/reference/tokenizer.hpp>
-#include <tailbatch/reference/classifier.hpp>
-#include <tailbatch/reference/classifier_model.hpp>
-#include <tailbatch/reference/generator.hpp>
-#include <tailbatch/planner.hpp>
-#include <tailbatch/svg_plot.hpp>
-#include <tailbatch/load_profile.hpp>
-#include <tailbatch/load_generator.hpp>
-#include <tailbatch/simulator.hpp>

@@ -15,6 +15,7 @@
 
 #include <tailbatch/cuda.hpp>
 #include <tailbatch/reference/classifier.hpp>
+#include <tailbatch/reference/cuda/classifier.hpp>
 
 #include "cuda_test_support.hpp"
 

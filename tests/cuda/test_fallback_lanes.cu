@@ -17,6 +17,7 @@
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/pipeline.hpp>
 #include <tailbatch/reference/classifier.hpp>
+#include <tailbatch/reference/cuda/classifier.hpp>
 
 #include "cuda_test_support.hpp"
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include <tailbatch/continuous_batcher.hpp>
-#include <tailbatch/cuda/generator_kernels.cuh>
+#include <tailbatch/reference/cuda/generator_kernels.cuh>
 #include <tailbatch/reference/generator.hpp>
 
 #include "cuda_test_support.hpp"

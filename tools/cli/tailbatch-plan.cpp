@@ -9,7 +9,7 @@
 //
 // Prints a table, or JSON with --json. Exit status: 0 with a recommendation, 1 for bad
 // arguments (with a message saying which), 3 when no candidate meets the SLO.
-#include <tailbatch/planner.hpp>
+#include <tailbatch/tools/planner.hpp>
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include <tailbatch/cuda/classifier_kernels.cuh>
+#include <tailbatch/reference/cuda/classifier_kernels.cuh>
 #include <tailbatch/cuda/error.hpp>
 #include <tailbatch/cuda/fallback_lanes.hpp>
 #include <tailbatch/cuda/resources.hpp>
