@@ -2,6 +2,9 @@
 // runs a Pipeline (batches of squares on host lanes), records latencies, and checks what it
 // reads back.
 #include <tailbatch/tailbatch.hpp>
+#if defined(TAILBATCH_CONSUMER_TOOLS)
+#include <tailbatch/tools/littles_law.hpp>  // tailbatch::tools, where the consumer links it
+#endif
 
 #include <chrono>
 #include <cstddef>
@@ -36,5 +39,11 @@ int main() {
               ok ? "all squared" : "WRONG", static_cast<unsigned long long>(snap.count()),
               std::chrono::duration<double, std::milli>(p50).count());
   ok = ok && snap.count() == 100 && p50 > 49ms && p50 < 51ms;
+#if defined(TAILBATCH_CONSUMER_TOOLS)
+  // The latency field guide's Example 3: 350 rps at 120 ms is 42 in flight.
+  const auto check = tailbatch::check_littles_law(350.0, 120ms, 42.0);
+  std::printf("tools: %s\n", check.explanation.c_str());
+  ok = ok && !check.hidden_queue_suspected;
+#endif
   return ok ? 0 : 1;
 }
