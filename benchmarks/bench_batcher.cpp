@@ -26,6 +26,8 @@
 
 #include <benchmark/benchmark.h>
 
+#include "round_harness.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -47,53 +49,48 @@ constexpr int kPerProducer = 50000;
 constexpr std::size_t kMaxBatch = 32;
 constexpr std::uint64_t kTotal = std::uint64_t{kProducers} * kPerProducer;
 
-// Counts completions; the last one of an iteration wakes the measuring thread.
-struct Done {
-  std::atomic<std::uint64_t> count{0};
-  void arrive() noexcept {
-    if (count.fetch_add(1, std::memory_order_acq_rel) + 1 == kTotal) count.notify_all();
-  }
-  void wait_all() noexcept {
-    for (std::uint64_t v = count.load(std::memory_order_acquire); v < kTotal; v = count.load(std::memory_order_acquire)) {
-      count.wait(v, std::memory_order_acquire);
-    }
-  }
-};
+using bench::Completions;
+using bench::per_round;
+using bench::run_rounds;
+using bench::set_item_counters;
 
+// Every producer submits its share with `submit(x)`.
 template <class Submit>
 void run_producers(Submit&& submit) {
-  std::vector<std::thread> threads;
-  threads.reserve(kProducers);
-  for (int t = 0; t < kProducers; ++t) {
-    threads.emplace_back([&submit, t] {
-      for (int i = 0; i < kPerProducer; ++i) submit(t * kPerProducer + i);
-    });
-  }
-  for (auto& th : threads) th.join();
+  bench::run_producers(kProducers, kPerProducer, [&submit](int t, int i) { submit(t * kPerProducer + i); });
+}
+
+// Every producer submits its share with `submit(x)`, keeping the futures, then waits for them.
+template <class Future, class Submit>
+void run_producers_with_futures(std::vector<std::vector<Future>>& futures, Submit&& submit) {
+  bench::run_producers(
+      kProducers, kPerProducer,
+      [&](int t, int i) {
+        auto& mine = futures[static_cast<std::size_t>(t)];
+        if (i == 0) mine.clear();
+        mine.push_back(submit(t * kPerProducer + i));
+      },
+      [&](int t) {
+        for (auto& f : futures[static_cast<std::size_t>(t)]) benchmark::DoNotOptimize(f.get());
+      });
 }
 
 void BM_Pipeline_NoopModel(benchmark::State& state) {
-  Done done;
+  Completions done(kTotal);
   Pipeline<int, int> p([](std::span<const int>, std::span<int>, HostLane&) {}, FixedWindow{kMaxBatch, 50us},
                        {.queue_capacity = 1 << 20});
-  double queued_at_end = 0;  // summed over timed rounds: how far the producers got ahead
   auto round = [&] {
-    done.count.store(0);
+    done.reset();
     run_producers([&](int x) { p.submit(x, [&done](Outcome<int>&&) noexcept { done.arrive(); }); });
-    const auto queued = static_cast<double>(p.queued_approx());
+    const auto queued = static_cast<double>(p.queued_approx());  // how far the producers got ahead
     done.wait_all();
     return queued;
   };
-  for (int i = 0; i < 3; ++i) round();  // warm-up, untimed: every batcher here is measured in its steady state
-  for (auto _ : state) queued_at_end += round();
-  state.counters["queued_at_end"] = queued_at_end / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+  state.counters["queued_at_end"] = per_round(state, run_rounds(state, round));
   p.shutdown();  // stats are exact once shut down
   const PipelineStats s = p.stats();
   if (s.count(Status::ok) != s.submitted) state.SkipWithError("some requests did not complete ok");
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(kTotal));
-  state.counters["ns_per_request"] = benchmark::Counter(
-      static_cast<double>(state.iterations()) * static_cast<double>(kTotal),
-      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  set_item_counters(state, kTotal);
   state.counters["mean_batch"] = static_cast<double>(s.batched_requests) / static_cast<double>(std::max<std::uint64_t>(1, s.batches()));
 }
 BENCHMARK(BM_Pipeline_NoopModel)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -101,26 +98,22 @@ BENCHMARK(BM_Pipeline_NoopModel)->UseRealTime()->Unit(benchmark::kMillisecond);
 // As BM_Pipeline_NoopModel, with per-request options in use: every request has a deadline
 // (a 10 s timeout, so none expires) and the three priorities take turns.
 void BM_Pipeline_NoopModel_Options(benchmark::State& state) {
-  Done done;
+  Completions done(kTotal);
   Pipeline<int, int> p([](std::span<const int>, std::span<int>, HostLane&) {}, FixedWindow{kMaxBatch, 50us},
                        {.queue_capacity = 1 << 20});
   auto round = [&] {
-    done.count.store(0);
+    done.reset();
     run_producers([&](int x) {
       p.submit(x, {.timeout = 10s, .priority = static_cast<Priority>(x % 3)},
                [&done](Outcome<int>&&) noexcept { done.arrive(); });
     });
     done.wait_all();
   };
-  for (int i = 0; i < 3; ++i) round();  // warm-up, untimed
-  for (auto _ : state) round();
+  run_rounds(state, round);
   p.shutdown();
   const PipelineStats s = p.stats();
   if (s.count(Status::ok) != s.submitted) state.SkipWithError("some requests did not complete ok");
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(kTotal));
-  state.counters["ns_per_request"] = benchmark::Counter(
-      static_cast<double>(state.iterations()) * static_cast<double>(kTotal),
-      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  set_item_counters(state, kTotal);
 }
 BENCHMARK(BM_Pipeline_NoopModel_Options)->UseRealTime()->Unit(benchmark::kMillisecond);
 
@@ -131,24 +124,8 @@ void BM_Pipeline_NoopModel_Futures(benchmark::State& state) {
                        {.queue_capacity = 1 << 20});
   std::vector<std::vector<std::future<Outcome<int>>>> futures(kProducers);
   for (auto& f : futures) f.reserve(kPerProducer);
-  auto round = [&] {
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kProducers; ++t) {
-      threads.emplace_back([&p, &futures, t] {
-        auto& mine = futures[static_cast<std::size_t>(t)];
-        mine.clear();
-        for (int i = 0; i < kPerProducer; ++i) mine.push_back(p.submit(t * kPerProducer + i));
-        for (auto& f : mine) benchmark::DoNotOptimize(f.get());
-      });
-    }
-    for (auto& th : threads) th.join();
-  };
-  for (int i = 0; i < 3; ++i) round();  // warm-up, untimed
-  for (auto _ : state) round();
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(kTotal));
-  state.counters["ns_per_request"] = benchmark::Counter(
-      static_cast<double>(state.iterations()) * static_cast<double>(kTotal),
-      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  run_rounds(state, [&] { run_producers_with_futures(futures, [&p](int x) { return p.submit(x); }); });
+  set_item_counters(state, kTotal);
 }
 BENCHMARK(BM_Pipeline_NoopModel_Futures)->UseRealTime()->Unit(benchmark::kMillisecond);
 
@@ -211,24 +188,8 @@ void BM_Baseline_NaiveBatcher(benchmark::State& state) {
   NaiveBatcher b;
   std::vector<std::vector<std::future<int>>> futures(kProducers);
   for (auto& f : futures) f.reserve(kPerProducer);
-  auto round = [&] {
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kProducers; ++t) {
-      threads.emplace_back([&b, &futures, t] {
-        auto& mine = futures[static_cast<std::size_t>(t)];
-        mine.clear();
-        for (int i = 0; i < kPerProducer; ++i) mine.push_back(b.submit(t * kPerProducer + i));
-        for (auto& f : mine) benchmark::DoNotOptimize(f.get());
-      });
-    }
-    for (auto& th : threads) th.join();
-  };
-  for (int i = 0; i < 3; ++i) round();  // warm-up, untimed
-  for (auto _ : state) round();
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(kTotal));
-  state.counters["ns_per_request"] = benchmark::Counter(
-      static_cast<double>(state.iterations()) * static_cast<double>(kTotal),
-      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  run_rounds(state, [&] { run_producers_with_futures(futures, [&b](int x) { return b.submit(x); }); });
+  set_item_counters(state, kTotal);
 }
 BENCHMARK(BM_Baseline_NaiveBatcher)->UseRealTime()->Unit(benchmark::kMillisecond);
 
@@ -296,19 +257,15 @@ class SwapBatcher {
 };
 
 void BM_Baseline_SwapBatcher(benchmark::State& state) {
-  Done done;
+  Completions done(kTotal);
   SwapBatcher b;
   auto round = [&] {
-    done.count.store(0);
-    run_producers([&](int x) { b.submit(x, [](void* d, int) { static_cast<Done*>(d)->arrive(); }, &done); });
+    done.reset();
+    run_producers([&](int x) { b.submit(x, [](void* d, int) { static_cast<Completions*>(d)->arrive(); }, &done); });
     done.wait_all();
   };
-  for (int i = 0; i < 3; ++i) round();  // warm-up, untimed
-  for (auto _ : state) round();
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(kTotal));
-  state.counters["ns_per_request"] = benchmark::Counter(
-      static_cast<double>(state.iterations()) * static_cast<double>(kTotal),
-      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  run_rounds(state, round);
+  set_item_counters(state, kTotal);
 }
 BENCHMARK(BM_Baseline_SwapBatcher)->UseRealTime()->Unit(benchmark::kMillisecond);
 

@@ -10,7 +10,7 @@
 //                                  LatencyHistogram::record per request
 //   BM_Simulator_FixedWindow       simulate(): 60 s of Poisson traffic at the given rate
 //                                  through FixedWindow(16, 8 ms) on two lanes with the
-//                                  guide's L(b) = 20 ms + 3 ms x (b - 1); items are
+//                                  latency field guide's L(b) = 20 ms + 3 ms x (b - 1); items are
 //                                  simulated requests
 //
 // What this does not show: on the steady clock the generator also sleeps until each send
@@ -18,8 +18,8 @@
 // and a real target's completions run on other threads.
 #include <benchmark/benchmark.h>
 
-#include <tailbatch/load_generator.hpp>
-#include <tailbatch/simulator.hpp>
+#include <tailbatch/tools/load_generator.hpp>
+#include <tailbatch/tools/simulator.hpp>
 
 #include <chrono>
 #include <cstdint>

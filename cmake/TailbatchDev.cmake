@@ -4,6 +4,11 @@
 # Warnings as errors for the project's own code, under g++ and clang (and nvcc's host side).
 add_library(tailbatch_dev INTERFACE)
 target_link_libraries(tailbatch_dev INTERFACE tailbatch::tailbatch)
+# The project's own CUDA files are C++20; where CMake cannot express that as the cuda_std_20
+# compile feature (CMake 3.25 with nvcc 12/13), say it to nvcc here, for our targets only.
+if(TAILBATCH_HAS_CUDA AND NOT TAILBATCH_CUDA_STD_FEATURE)
+  target_compile_options(tailbatch_dev INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
+endif()
 target_compile_options(tailbatch_dev INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror>
   $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra -Werror=all-warnings>)

@@ -30,9 +30,9 @@
 // requests/s within the SLO (tailbatch-plan), so 100 -> 300 would never need a second
 // replica. The shape is the same; the fleet has something to do. Runs in about a second.
 #include <tailbatch/autoscaler.hpp>
-#include <tailbatch/fleet_simulator.hpp>
-#include <tailbatch/planner.hpp>
-#include <tailbatch/svg_plot.hpp>
+#include <tailbatch/tools/fleet_simulator.hpp>
+#include <tailbatch/tools/planner.hpp>
+#include <tailbatch/tools/svg_plot.hpp>
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>

@@ -15,7 +15,7 @@
 // classifier takes ~1 ms at batch 1 on a CPU, so the demo scales the window down with it.
 //
 // It takes about a minute (under two on a busy 2-core machine); --quick takes ~15 s.
-#include <tailbatch/load_generator.hpp>
+#include <tailbatch/tools/load_generator.hpp>
 #include <tailbatch/pipeline.hpp>
 #include <tailbatch/reference/classifier_model.hpp>
 

@@ -1,17 +1,18 @@
-// capacity_walkthrough: the guide's Exercise, planned and then checked by simulation.
+// capacity_walkthrough: the latency field guide's Exercise (docs/latency-field-guide.md),
+// planned and then checked by simulation.
 //
 //   Target: p95 < 150 ms at 600 rps for a text classifier. Model: 18 ms at batch 1, plus
 //   2.5 ms per extra item. Network 4 ms; batch window 6 ms for batch > 1. Two streams.
 //   Tail inflation about +20 %.
 //
-// The planner (tailbatch/planner.hpp) does the guide's arithmetic for every batch size and
-// recommends one; the simulator (tailbatch/simulator.hpp) then runs the real Pipeline with
-// a FixedWindow on the modelled model, at the load each replica would carry, and reports
-// the p50/p95 and throughput that configuration would actually see. Runs in well under a
-// second; the numbers are the same on every machine (same seed, same standard library),
-// except the CPU time each simulation took.
-#include <tailbatch/planner.hpp>
-#include <tailbatch/simulator.hpp>
+// The planner (tailbatch/tools/planner.hpp) does the field guide's arithmetic for every batch
+// size and recommends one; the simulator (tailbatch/tools/simulator.hpp) then runs the real
+// Pipeline with a FixedWindow on the modelled model, at the load each replica would carry,
+// and reports the p50/p95 and throughput that configuration would actually see. Runs in well
+// under a second; the numbers are the same on every machine (same seed, same standard
+// library), except the CPU time each simulation took.
+#include <tailbatch/tools/planner.hpp>
+#include <tailbatch/tools/simulator.hpp>
 
 #include <fmt/core.h>
 

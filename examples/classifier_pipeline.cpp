@@ -26,6 +26,7 @@
 #include <tailbatch/reference/classifier_model.hpp>
 #if defined(__CUDACC__)
 #include <tailbatch/cuda.hpp>
+#include <tailbatch/reference/cuda/classifier.hpp>
 #endif
 
 using namespace std::chrono_literals;

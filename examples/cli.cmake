@@ -1,9 +1,7 @@
-# The command-line tools and the before/after demo parse their arguments with CLI11 (Debian: libcli11-dev; scripts/deps.sh
-# installs it). Each is built from examples/<name>.cpp by the glob in CMakeLists.txt; this
-# adds CLI11 to them.
+# The before/after demo parses its arguments with CLI11 (Debian: libcli11-dev; scripts/deps.sh
+# installs it). It is built from examples/before_after_demo.cpp by the glob in
+# CMakeLists.txt; this adds CLI11 to it. (The CLIs proper live in tools/cli/.)
 find_package(CLI11 REQUIRED)
-foreach(_tool tailbatch-plan tailbatch-load before_after_demo)
-  if(TARGET ${_tool})
-    target_link_libraries(${_tool} PRIVATE CLI11::CLI11)
-  endif()
-endforeach()
+if(TARGET before_after_demo)
+  target_link_libraries(before_after_demo PRIVATE CLI11::CLI11)
+endif()

@@ -1,10 +1,11 @@
-// Metrics as a serving loop registers them, and the guide's Little's-law self-check.
+// Metrics as a serving loop registers them, and the Little's-law self-check of the latency
+// field guide (docs/latency-field-guide.md).
 //
 // A small batching server runs for 20 simulated seconds on a ManualClock (so the output is
 // the same on every run): Poisson arrivals at 350 requests/s, a bounded queue, a 6 ms
 // batch window, up to 32 requests a batch, two model streams taking 18 ms + 2.5 ms per
-// extra request (the guide's exercise). It exports the families tailbatch's Pipeline
-// exports: requests by status and reject reason, batches by what closed them, queue depth
+// extra request (the latency field guide's exercise). It exports the families tailbatch's
+// Pipeline exports: requests by status and reject reason, batches by what closed them, queue depth
 // and in-flight as callback gauges, and latency summaries. At the end it prints the
 // Prometheus text a /metrics handler would
 // serve, then checks Little's law twice: with end-to-end latency (consistent), and with
@@ -24,6 +25,7 @@
 #include <tailbatch/clock.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
+#include <tailbatch/littles_law.hpp>
 #include <vector>
 
 int main() {

@@ -7,7 +7,7 @@ find_package(nlohmann_json 3 QUIET)
 find_package(CLI11 QUIET)
 if(Boost_FOUND AND nlohmann_json_FOUND AND CLI11_FOUND)
   add_executable(tailbatch-serve ${CMAKE_CURRENT_SOURCE_DIR}/server/tailbatch_serve.cpp)
-  target_link_libraries(tailbatch-serve PRIVATE tailbatch_dev Boost::headers nlohmann_json::nlohmann_json
+  target_link_libraries(tailbatch-serve PRIVATE tailbatch_dev tailbatch::reference Boost::headers nlohmann_json::nlohmann_json
                                                 CLI11::CLI11 Threads::Threads)
   target_include_directories(tailbatch-serve PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/server)
   # Asio's own deprecated interfaces stay out of the build.

@@ -20,7 +20,7 @@
 //
 //   streaming_demo [--out PATH] [--requests N] [--seed S]
 #include <tailbatch/continuous_batcher.hpp>
-#include <tailbatch/planner.hpp>
+#include <tailbatch/tools/planner.hpp>
 #include <tailbatch/reference/generator.hpp>
 
 #include <fmt/core.h>

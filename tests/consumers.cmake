@@ -8,6 +8,15 @@ set(_consumer_options
   -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}
   -DCMAKE_BUILD_TYPE=Release)
 
+# Where the CUDA toolkit is installed, the subproject consumers configure with nvcc on PATH:
+# tailbatch must still not enable CUDA there (tests/consumers/add_subdirectory checks it).
+find_program(_tailbatch_nvcc nvcc PATHS /usr/local/cuda/bin NO_CACHE)
+set(_consumer_env)
+if(_tailbatch_nvcc)
+  get_filename_component(_nvcc_dir ${_tailbatch_nvcc} DIRECTORY)
+  set(_consumer_env "PATH=${_nvcc_dir}:$ENV{PATH}")
+endif()
+
 foreach(_mode add_subdirectory fetchcontent copy_include)
   add_test(NAME consumer_${_mode}
     COMMAND ${CMAKE_CTEST_COMMAND}
@@ -16,6 +25,9 @@ foreach(_mode add_subdirectory fetchcontent copy_include)
       --build-options ${_consumer_options}
       --test-command consumer)
   set_tests_properties(consumer_${_mode} PROPERTIES LABELS consumer TIMEOUT 600)
+  if(_consumer_env)
+    set_tests_properties(consumer_${_mode} PROPERTIES ENVIRONMENT "${_consumer_env}")
+  endif()
 endforeach()
 
 # find_package after `cmake --install` into a temporary prefix.

@@ -28,6 +28,7 @@
 
 #include <tailbatch/cuda.hpp>
 #include <tailbatch/reference/classifier.hpp>
+#include <tailbatch/reference/cuda/classifier.hpp>
 
 namespace {
 

@@ -47,6 +47,7 @@
 
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/metrics.hpp>
+#include <tailbatch/littles_law.hpp>
 
 namespace tailbatch {
 

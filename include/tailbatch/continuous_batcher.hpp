@@ -41,7 +41,7 @@
 // Load. stats_approx() carries the time integral of the sequences in flight (active +
 // waiting) and the sequences that left, so that two readings give the mean in flight and
 // the throughput over the same window (load_between()): the inputs of the Little's-law
-// check (check_littles_law in metrics.hpp).
+// check (check_littles_law in littles_law.hpp).
 //
 // Threads. Constructing a ContinuousBatcher starts no thread. start() launches the one
 // decode thread it owns, which runs step() and the stream callbacks; shutdown() (or the

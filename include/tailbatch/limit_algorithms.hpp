@@ -25,7 +25,6 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
-#include <random>
 #include <tailbatch/detail/limiter_window.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <type_traits>
@@ -331,8 +330,10 @@ struct GradientConfig {
   // Probe at once when the limit sat at min_limit for this many consecutive windows (the
   // min RTT is probably stale). Zero: never.
   std::uint32_t reprobe_after_windows_at_min = 5;  // [-; 5, fixed]
-  // Seed of the jitter generator; unset: seeded from std::random_device, so that replicas
-  // do not probe in step. Set it in tests for a deterministic schedule.
+  // Seed of the jitter generator; unset: seeded from the steady and system clocks' readings
+  // at construction and the limit's own address (mixed, so nanoseconds apart or a different
+  // address give unrelated schedules), so that replicas do not probe in step. Set it in
+  // tests for a deterministic schedule.
   std::optional<std::uint64_t> seed;
 };
 
@@ -378,8 +379,7 @@ class GradientLimit {
     if (c.probe_samples < 1) bad("GradientLimit: probe_samples must be >= 1");
     if (c.probe_concurrency > c.max_limit)
       bad("GradientLimit: probe_concurrency must be <= max_limit");
-    rng_state_ =
-        c.seed ? *c.seed : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+    rng_state_ = c.seed ? *c.seed : unseeded_state();
     estimate_ = c.initial_limit;
     enter_probe();
   }
@@ -479,6 +479,21 @@ class GradientLimit {
   std::chrono::nanoseconds min_rtt_{0};
   std::chrono::nanoseconds sample_rtt_{0};
   time_point next_probe_at_ = time_point::max();
+  // A seed without <random> (std::random_device would add ~9k preprocessed lines to every
+  // file that includes the core): two clock readings and this object's address, each mixed.
+  [[nodiscard]] std::uint64_t unseeded_state() const noexcept {
+    auto mix = [](std::uint64_t z) {
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+      return z ^ (z >> 31);
+    };
+    const auto steady = static_cast<std::uint64_t>(
+        std::chrono::steady_clock::now().time_since_epoch().count());
+    const auto wall = static_cast<std::uint64_t>(
+        std::chrono::system_clock::now().time_since_epoch().count());
+    return mix(steady) ^ mix(wall + 0x9E3779B97F4A7C15ULL) ^
+           mix(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(this)));
+  }
   std::uint64_t rng_state_ = 0;
   std::uint64_t probes_completed_ = 0;
   std::uint32_t windows_at_min_ = 0;

@@ -68,6 +68,7 @@
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/lanes.hpp>
 #include <tailbatch/metrics.hpp>
+#include <tailbatch/littles_law.hpp>
 #include <tailbatch/outcome.hpp>
 
 namespace tailbatch {
@@ -491,7 +492,7 @@ class Pipeline {
     return PipelineOccupancy{r.at, r.in_pipeline_s, r.executing_s, r.completed, r.latency_s};
   }
 
-  // Runs the Little's-law check (tailbatch::check_littles_law, metrics.hpp) on this
+  // Runs the Little's-law check (tailbatch::check_littles_law, littles_law.hpp) on this
   // Pipeline's own measurements over the window since the previous call (the first call:
   // since construction): L = the time-averaged requests in the Pipeline, lambda = their
   // completions per second, W = their mean end-to-end latency. The result is exported

@@ -1,5 +1,12 @@
-// tailbatch: the umbrella header. Everything but the CUDA subtree, which CUDA users
-// include on its own as <tailbatch/cuda.hpp>.
+// tailbatch: the umbrella header, exactly the core a server links (tailbatch::tailbatch).
+//
+// Not included here, each on purpose:
+//   <tailbatch/cuda.hpp>               the CUDA subtree (stream pool, fallback lanes, RAII
+//                                      handles), for code that opts in to <cuda_runtime.h>;
+//   <tailbatch/tools/...>              planner, Little's-law check, simulator, load generator,
+//                                      load profiles, SVG plots (tailbatch::tools);
+//   <tailbatch/reference/...>          the reference classifier and generator used by the
+//                                      examples, tests and benchmarks (tailbatch::reference).
 #pragma once
 
 #include <tailbatch/version.hpp>
@@ -10,6 +17,7 @@
 #include <tailbatch/concurrency_limiter.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
+#include <tailbatch/littles_law.hpp>
 #include <tailbatch/autoscaler.hpp>
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/lanes.hpp>
@@ -19,12 +27,3 @@
 #include <tailbatch/result_cache.hpp>
 #include <tailbatch/warmup.hpp>
 #include <tailbatch/serving.hpp>
-#include <tailbatch/reference/tokenizer.hpp>
-#include <tailbatch/reference/classifier.hpp>
-#include <tailbatch/reference/classifier_model.hpp>
-#include <tailbatch/reference/generator.hpp>
-#include <tailbatch/planner.hpp>
-#include <tailbatch/svg_plot.hpp>
-#include <tailbatch/load_profile.hpp>
-#include <tailbatch/load_generator.hpp>
-#include <tailbatch/simulator.hpp>

@@ -15,8 +15,10 @@
 
 #include <tailbatch/cuda.hpp>
 #include <tailbatch/reference/classifier.hpp>
+#include <tailbatch/reference/cuda/classifier.hpp>
 
 #include "cuda_test_support.hpp"
+#include "reference_test_support.hpp"
 
 using tailbatch::cuda::DeviceClassifier;
 using tailbatch::cuda::StreamPool;
@@ -25,22 +27,12 @@ using namespace tailbatch::reference;
 
 namespace {
 
-using Requests = std::vector<std::vector<std::uint32_t>>;
+using Requests = tailbatch::test::TokenRequests;
+using tailbatch::test::same_bits;
+using tailbatch::test::same_logits;
 
 Requests random_requests(std::size_t count, std::uint32_t vocab, std::size_t max_len, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Requests out(count);
-  for (auto& r : out) {
-    r.resize(rng() % (max_len + 1));
-    for (auto& t : r) t = static_cast<std::uint32_t>(rng() % vocab);
-  }
-  return out;
-}
-
-bool same_bits(const Prediction& a, const Prediction& b) {
-  return std::memcmp(a.logits.data(), b.logits.data(), sizeof(a.logits)) == 0 &&
-         std::memcmp(a.probabilities.data(), b.probabilities.data(), sizeof(a.probabilities)) == 0 &&
-         a.label == b.label;
+  return tailbatch::test::random_token_requests(count, vocab, max_len, seed);
 }
 
 std::vector<Prediction> gpu_run(const DeviceClassifier& gpu, StreamPool& pool, const std::vector<std::span<const std::uint32_t>>& batch) {
@@ -53,7 +45,7 @@ std::vector<Prediction> gpu_run(const DeviceClassifier& gpu, StreamPool& pool, c
 
 // GPU against the CPU twin on `pool` requests: logits bitwise, probabilities within 1e-5.
 void check_against_cpu(const Classifier& cpu, const DeviceClassifier& gpu, StreamPool& pool, const Requests& pool_reqs) {
-  std::vector<std::span<const std::uint32_t>> batch(pool_reqs.begin(), pool_reqs.end());
+  const auto batch = tailbatch::test::as_batch(pool_reqs);
   const std::vector<Prediction> got = gpu_run(gpu, pool, batch);
   std::vector<Prediction> want(batch.size());
   ClassifierWorkspace ws;
@@ -66,7 +58,7 @@ void check_against_cpu(const Classifier& cpu, const DeviceClassifier& gpu, Strea
                          std::abs(static_cast<double>(want[i].probabilities[l]));
       worst = rel > worst ? rel : worst;
     }
-    logit_mismatch += std::memcmp(got[i].logits.data(), want[i].logits.data(), sizeof(got[i].logits)) != 0;
+    logit_mismatch += !same_logits(got[i], want[i]);
     CHECK(got[i].label == want[i].label);
   }
   std::printf("GPU vs CPU twin over %zu requests: worst probability relative error %.3g, logits differing %zu\n",
@@ -123,7 +115,7 @@ void check_lanes_in_parallel(const Classifier& cpu, const DeviceClassifier& gpu,
         std::vector<Prediction> got(batch.size());
         gpu.forward(batch, got, lease->lane());
         for (std::size_t i = 0; i < got.size(); ++i) {
-          bad[t] += std::memcmp(got[i].logits.data(), want[i].logits.data(), sizeof(got[i].logits)) != 0;
+          bad[t] += !same_logits(got[i], want[i]);
         }
       }
     });

@@ -17,8 +17,10 @@
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/pipeline.hpp>
 #include <tailbatch/reference/classifier.hpp>
+#include <tailbatch/reference/cuda/classifier.hpp>
 
 #include "cuda_test_support.hpp"
+#include "reference_test_support.hpp"
 
 using namespace std::chrono_literals;
 using tailbatch::FixedWindow;
@@ -66,7 +68,7 @@ void check_pipeline(FallbackLanes& lanes, const Classifier& clf) {
     }
     const Prediction want = clf.classify(texts[i % texts.size()]);
     const Prediction& got = outcome.value();
-    mismatched += std::memcmp(got.logits.data(), want.logits.data(), sizeof(got.logits)) != 0 || got.label != want.label;
+    mismatched += !tailbatch::test::same_logits(got, want) || got.label != want.label;
   }
   CHECK(mismatched == 0);
 }

@@ -13,10 +13,11 @@
 #include <vector>
 
 #include <tailbatch/continuous_batcher.hpp>
-#include <tailbatch/cuda/generator_kernels.cuh>
+#include <tailbatch/reference/cuda/generator_kernels.cuh>
 #include <tailbatch/reference/generator.hpp>
 
 #include "cuda_test_support.hpp"
+#include "reference_test_support.hpp"
 
 
 using tailbatch::cuda::DeviceGenerator;
@@ -94,7 +95,8 @@ void compare(const std::vector<Seq>& gpu, const std::vector<Seq>& cpu, const cha
       const double a = gpu[i].logits[k], b = cpu[i].logits[k];
       const double rel = std::fabs(a - b) / std::max(1e-30, std::max(std::fabs(a), std::fabs(b)));
       if (std::fabs(a - b) > 1e-6) worst = std::max(worst, rel);
-      bit_equal += std::memcmp(&gpu[i].logits[k], &cpu[i].logits[k], sizeof(float)) == 0 ? 1 : 0;
+      bit_equal += tailbatch::test::same_bits(std::span<const float>(&gpu[i].logits[k], 1),
+                                              std::span<const float>(&cpu[i].logits[k], 1)) ? 1 : 0;
       ++total;
     }
   }
@@ -137,8 +139,7 @@ int main() {
           lane.feed = std::span<const std::int32_t>(&s.next_input, 1);
         }
         CHECK(tokens == on_gpu[i].tokens);
-        CHECK(alone.size() == on_gpu[i].logits.size() &&
-              std::memcmp(alone.data(), on_gpu[i].logits.data(), alone.size() * sizeof(float)) == 0);
+        CHECK(tailbatch::test::same_bits(alone, on_gpu[i].logits));
       }
     }
 

@@ -17,8 +17,7 @@
 #include <tailbatch/batch_window.hpp>
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
-#include <x86intrin.h>
+#include <cpuid.h>  // __get_cpuid; the counter itself is a builtin (<x86intrin.h> is 48k lines)
 #define TAILBATCH_CYCLE_COUNTER 1
 #elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
 #define TAILBATCH_CYCLE_COUNTER 1
@@ -33,7 +32,7 @@ inline constexpr bool has_cycle_counter = TAILBATCH_CYCLE_COUNTER == 1;
 // The counter; 0 where there is none.
 inline std::uint64_t read_cycle_counter() noexcept {
 #if TAILBATCH_CYCLE_COUNTER && (defined(__x86_64__) || defined(__i386__))
-  return __rdtsc();
+  return __builtin_ia32_rdtsc();
 #elif TAILBATCH_CYCLE_COUNTER
   std::uint64_t v = 0;
   asm volatile("mrs %0, cntvct_el0" : "=r"(v));

@@ -306,9 +306,9 @@ inline constexpr const char* plot_palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", 
     for (const auto& s : plot.series) longest = std::max(longest, s.name.size());
     const double lw = 44.0 + 7.0 * static_cast<double>(longest), lh = 10.0 + 18.0 * static_cast<double>(plot.series.size());
     auto corner = [&](LegendPosition p) {
-      const bool right = p == LegendPosition::top_right || p == LegendPosition::bottom_right;
-      const bool bottom = p == LegendPosition::bottom_left || p == LegendPosition::bottom_right;
-      return PlotPoint{right ? left + pw - lw - 10 : left + 10, bottom ? top + ph - lh - 28 : top + 10};
+      const bool at_right = p == LegendPosition::top_right || p == LegendPosition::bottom_right;
+      const bool at_bottom = p == LegendPosition::bottom_left || p == LegendPosition::bottom_right;
+      return PlotPoint{at_right ? left + pw - lw - 10 : left + 10, at_bottom ? top + ph - lh - 28 : top + 10};
     };
     LegendPosition where = plot.legend;
     if (where == LegendPosition::automatic) {
@@ -327,11 +327,11 @@ inline constexpr const char* plot_palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", 
             }
             const double x1 = px(pt.x), y1 = py(pt.y);
             if (prev == nullptr) {
-              n += inside(x1, y1) ? 1 : 0;
+              n += inside(x1, y1) ? 1u : 0u;
             } else {
               const double x0 = px(prev->x), y0 = py(prev->y);
               for (int k = 1; k <= 16; ++k)
-                n += inside(x0 + (x1 - x0) * k / 16.0, y0 + (y1 - y0) * k / 16.0) ? 1 : 0;
+                n += inside(x0 + (x1 - x0) * k / 16.0, y0 + (y1 - y0) * k / 16.0) ? 1u : 0u;
             }
             prev = &pt;
           }

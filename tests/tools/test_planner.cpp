@@ -1,5 +1,5 @@
 // The capacity planner against the guide's worked examples and exercise, figure by figure.
-#include <tailbatch/planner.hpp>
+#include <tailbatch/tools/planner.hpp>
 
 #include <cstdint>
 #include <limits>

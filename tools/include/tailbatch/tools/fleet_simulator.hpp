@@ -43,7 +43,7 @@
 #include <vector>
 
 #include <tailbatch/autoscaler.hpp>
-#include <tailbatch/simulator.hpp>
+#include <tailbatch/tools/simulator.hpp>
 
 namespace tailbatch {
 

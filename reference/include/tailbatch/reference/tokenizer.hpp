@@ -54,7 +54,7 @@ namespace detail {
 // Byte class table: 0 for a separator, else the byte as it enters the hash (lowercased).
 inline constexpr std::array<unsigned char, 256> token_byte_table = [] {
   std::array<unsigned char, 256> t{};
-  for (int c = 0; c < 256; ++c) {
+  for (std::size_t c = 0; c < 256; ++c) {
     if (c >= 'A' && c <= 'Z') {
       t[c] = static_cast<unsigned char>(c - 'A' + 'a');
     } else if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c >= 0x80) {

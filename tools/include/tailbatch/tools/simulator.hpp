@@ -42,7 +42,7 @@
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/clock.hpp>
 #include <tailbatch/latency_histogram.hpp>
-#include <tailbatch/load_profile.hpp>
+#include <tailbatch/tools/load_profile.hpp>
 #include <tailbatch/outcome.hpp>
 #include <tailbatch/pipeline.hpp>
 

@@ -15,9 +15,9 @@
 // Progress lines go to stderr (--quiet turns them off). Exit status: 0 on success, 1 for
 // bad arguments (with a message saying which), 2 if writing the plots failed.
 #include <tailbatch/concurrency_limiter.hpp>
-#include <tailbatch/load_generator.hpp>
+#include <tailbatch/tools/load_generator.hpp>
 #include <tailbatch/pipeline.hpp>
-#include <tailbatch/simulator.hpp>
+#include <tailbatch/tools/simulator.hpp>
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>

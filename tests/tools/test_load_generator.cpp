@@ -2,7 +2,7 @@
 // latency, warm-up, bounds, sweeps and the saturation point. Timing behaviour is checked on
 // the ManualClock (virtual time: exact and fast); one sweep on the steady clock checks the
 // threaded path with generous bounds.
-#include <tailbatch/load_generator.hpp>
+#include <tailbatch/tools/load_generator.hpp>
 
 #include <tailbatch/pipeline.hpp>
 

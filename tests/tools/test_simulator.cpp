@@ -2,10 +2,10 @@
 // the ManualClock with a modelled L(b). Checked against the planner's figures for the
 // guide's Example 1 (and where, and why, the two part ways), against Little's law, and for
 // the behaviour of the policies and limiters it drives.
-#include <tailbatch/simulator.hpp>
+#include <tailbatch/tools/simulator.hpp>
 
 #include <tailbatch/concurrency_limiter.hpp>
-#include <tailbatch/planner.hpp>
+#include <tailbatch/tools/planner.hpp>
 
 #include <chrono>
 #include <cmath>

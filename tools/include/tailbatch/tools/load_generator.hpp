@@ -50,9 +50,9 @@
 
 #include <tailbatch/clock.hpp>
 #include <tailbatch/latency_histogram.hpp>
-#include <tailbatch/load_profile.hpp>
+#include <tailbatch/tools/load_profile.hpp>
 #include <tailbatch/outcome.hpp>
-#include <tailbatch/svg_plot.hpp>
+#include <tailbatch/tools/svg_plot.hpp>
 
 namespace tailbatch {
 

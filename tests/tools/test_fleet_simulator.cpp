@@ -3,8 +3,8 @@
 // overload shows as failures and violation seconds; the Autoscaler drives a fleet through a
 // spike; same seed, same run; bad configuration names the field.
 #include <tailbatch/autoscaler.hpp>
-#include <tailbatch/fleet_simulator.hpp>
-#include <tailbatch/simulator.hpp>
+#include <tailbatch/tools/fleet_simulator.hpp>
+#include <tailbatch/tools/simulator.hpp>
 
 #include <chrono>
 #include <cmath>

@@ -11,7 +11,7 @@
 // arguments (with a message naming the flag: a number that is not one, an empty value, a
 // missing --profile file) or a count beyond the planner's range, 3 when no candidate
 // meets the SLO.
-#include <tailbatch/planner.hpp>
+#include <tailbatch/tools/planner.hpp>
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>

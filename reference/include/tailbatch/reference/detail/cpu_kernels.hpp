@@ -5,7 +5,7 @@
 // float before it is added. SIMD lanes run across outputs (hidden units), never across the
 // terms of one sum, and items of a batch never share a sum; so a request's result does not
 // depend on the batch it rides in, on its position there, or on which of the kernels below
-// ran. The CUDA kernels (tailbatch/cuda/classifier_kernels.cuh) follow the same order with
+// ran. The CUDA kernels (tailbatch/reference/cuda/classifier_kernels.cuh) follow the same order with
 // __fmul_rn/__fadd_rn.
 //
 // Fused multiply-add would round once instead of twice and break that sameness wherever
@@ -108,24 +108,24 @@ template <class V>
 }
 
 // NB items x (NV vectors of columns) of one panel: out = relu(bias + sum_k x[k] * w[k]).
-template <class V, int NV, int NB>
+template <class V, std::size_t NV, std::size_t NB>
 [[gnu::always_inline]] inline void dense_relu_tile(const float* x, std::size_t in_dim, const float* panel,
                                                    std::size_t c0, const float* bias, float* out,
                                                    std::size_t out_stride) noexcept {
   TAILBATCH_DETAIL_NO_CONTRACT
   constexpr std::size_t lanes = sizeof(V) / sizeof(float);
   V acc[NB][NV];
-  for (int v = 0; v < NV; ++v) {
+  for (std::size_t v = 0; v < NV; ++v) {
     V b;
     load(b, bias + c0 + v * lanes);
-    for (int i = 0; i < NB; ++i) acc[i][v] = b;
+    for (std::size_t i = 0; i < NB; ++i) acc[i][v] = b;
   }
   for (std::size_t k = 0; k < in_dim; ++k) {
     V w[NV];
-    for (int v = 0; v < NV; ++v) load(w[v], panel + k * panel_width + c0 + v * lanes);
-    for (int i = 0; i < NB; ++i) {
+    for (std::size_t v = 0; v < NV; ++v) load(w[v], panel + k * panel_width + c0 + v * lanes);
+    for (std::size_t i = 0; i < NB; ++i) {
       const V xv = V{} + x[i * in_dim + k];
-      for (int v = 0; v < NV; ++v) {
+      for (std::size_t v = 0; v < NV; ++v) {
         V p = xv * w[v];
         keep_rounded(p);
         acc[i][v] = acc[i][v] + p;
@@ -133,8 +133,8 @@ template <class V, int NV, int NB>
     }
   }
   const V zero{};
-  for (int i = 0; i < NB; ++i) {
-    for (int v = 0; v < NV; ++v) {
+  for (std::size_t i = 0; i < NB; ++i) {
+    for (std::size_t v = 0; v < NV; ++v) {
       const V r = acc[i][v] > zero ? acc[i][v] : zero;
       store(out + i * out_stride + c0 + v * lanes, r);
     }
@@ -145,7 +145,7 @@ template <class V, int NV, int NB>
 // column chunk. A panel (in_dim x 32 floats) stays in L1 while every item of the batch
 // reads it: batch 1 streams the weights from memory, a batch reuses each panel row for
 // all of its items.
-template <class V, int NV, int NB>
+template <class V, std::size_t NV, std::size_t NB>
 [[gnu::always_inline]] inline void dense_relu_impl(const float* x, std::size_t batch, std::size_t in_dim,
                                                    const float* panels, const float* bias,
                                                    std::size_t out_dim, float* out) noexcept {

@@ -1,6 +1,6 @@
 // The SVG line-plot writer: tick choice, scaling, escaping, and a document that holds
 // everything a reader needs (title, axis labels with units, ticks, legend, reference lines).
-#include <tailbatch/svg_plot.hpp>
+#include <tailbatch/tools/svg_plot.hpp>
 
 #include <cmath>
 #include <cstdio>

@@ -1,5 +1,5 @@
 // The reference generator: a tiny autoregressive model for ContinuousBatcher's tests,
-// benchmark and demo (CPU twin; the CUDA kernels are in tailbatch/cuda/generator_kernels.cuh).
+// benchmark and demo (CPU twin; the CUDA kernels are in tailbatch/reference/cuda/generator_kernels.cuh).
 //
 // Per token: embedding row -> dense + softsign (the token's input projection) -> a
 // recurrent state update h = decay * h + (1 - decay) * u; per emitted token: dense +
@@ -108,7 +108,7 @@ class OutputLengths {
   }
 
   // The exact expected mean, (min + max) / 2. Thread-safe.
-  [[nodiscard]] double expected_mean() const noexcept { return (static_cast<double>(min_) + max_) / 2.0; }
+  [[nodiscard]] double expected_mean() const noexcept { return (static_cast<double>(min_) + static_cast<double>(max_)) / 2.0; }
 
   // The exact expected longest of `batch` independent lengths:
   // E[max] = min + sum_{k=min+1}^{max} (1 - ((k - min) / n)^batch), n = max - min + 1.

@@ -12,6 +12,7 @@
 #include <tailbatch/pipeline.hpp>
 #include <tailbatch/reference/classifier_model.hpp>
 
+#include "reference_test_support.hpp"
 #include "tailbatch_test.hpp"
 
 using namespace std::chrono_literals;
@@ -30,28 +31,9 @@ using tailbatch::reference::Sentiment;
 
 namespace {
 
-bool same_bits(const Prediction& a, const Prediction& b) {
-  return std::memcmp(a.logits.data(), b.logits.data(), sizeof(a.logits)) == 0 &&
-         std::memcmp(a.probabilities.data(), b.probabilities.data(), sizeof(a.probabilities)) == 0 &&
-         a.label == b.label;
-}
+using tailbatch::test::same_bits;
 
-std::vector<std::string> texts(std::size_t n) {
-  static const char* const parts[] = {"a great", "moving", "film", "awful", "boring plot", "the train",
-                                      "leaves at noon", "superb acting", "dull", "and", "script", "meh"};
-  std::vector<std::string> out;
-  std::uint64_t s = 7;
-  for (std::size_t i = 0; i < n; ++i) {
-    std::string t;
-    for (int w = 0; w < 1 + static_cast<int>(i % 9); ++w) {
-      s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-      t += parts[(s >> 33) % std::size(parts)];
-      t += ' ';
-    }
-    out.push_back(std::move(t));
-  }
-  return out;
-}
+std::vector<std::string> texts(std::size_t n) { return tailbatch::test::sample_texts(n); }
 
 }  // namespace
 

@@ -7,7 +7,7 @@
 // prompt tokens), 16 to a group, and every lane performs the same operations in the same
 // order; rows never share a sum. So a sequence's numbers do not depend on the batch it
 // rides in, on its lane, or on the vector width of the kernel, and the CUDA kernels
-// (tailbatch/cuda/generator_kernels.cuh) reproduce them with __fmul_rn/__fadd_rn/__fdiv_rn.
+// (tailbatch/reference/cuda/generator_kernels.cuh) reproduce them with __fmul_rn/__fadd_rn/__fdiv_rn.
 #pragma once
 
 #include <cstddef>
@@ -100,7 +100,7 @@ template <class V>
 // out_t[n][16] = act(bias[n] + sum_k w[n][k] * x_t[k][16]) for NN outputs n0.. at a time:
 // the 16 rows of a group ride in the lanes of NV vectors; each weight is loaded once and
 // broadcast to all of them.
-template <class V, int NN>
+template <class V, std::size_t NN>
 [[gnu::always_inline]] inline void gen_dense_impl(const float* xt, std::size_t in_dim, const float* w,
                                                   const float* bias, std::size_t out_dim, float* out_t,
                                                   GenActivation act) noexcept {
@@ -113,7 +113,7 @@ template <class V, int NN>
   gen_splat(one, 1.0f);
   for (std::size_t n0 = 0; n0 < out_dim; n0 += NN) {
     V acc[NN][NV];
-    for (int j = 0; j < NN; ++j) {
+    for (std::size_t j = 0; j < NN; ++j) {
       V b;
       gen_splat(b, bias ? bias[n0 + j] : 0.0f);
       for (std::size_t v = 0; v < NV; ++v) acc[j][v] = b;
@@ -122,7 +122,7 @@ template <class V, int NN>
     for (std::size_t k = 0; k < in_dim; ++k) {
       V x[NV];
       for (std::size_t v = 0; v < NV; ++v) load(x[v], xt + k * gen_group + v * lanes);
-      for (int j = 0; j < NN; ++j) {
+      for (std::size_t j = 0; j < NN; ++j) {
         V wv;
         gen_splat(wv, row[j * in_dim + k]);
         for (std::size_t v = 0; v < NV; ++v) {
@@ -132,7 +132,7 @@ template <class V, int NN>
         }
       }
     }
-    for (int j = 0; j < NN; ++j) {
+    for (std::size_t j = 0; j < NN; ++j) {
       for (std::size_t v = 0; v < NV; ++v) {
         V r = acc[j][v];
         if (act == GenActivation::softsign) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "reference_test_support.hpp"
 #include "tailbatch_test.hpp"
 
 using tailbatch::reference::CpuKernel;
@@ -61,9 +62,7 @@ Run alone(Generator& g, std::span<const std::int32_t> prompt, std::size_t n, std
   return r;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using tailbatch::test::same_bits;
 
 // Runs many sequences together: each step, the live ones in a shuffled order, prompts fed
 // in chunks of `chunk` tokens (0: whole), sequences joining at staggered steps.

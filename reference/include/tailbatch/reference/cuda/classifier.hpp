@@ -9,8 +9,9 @@
 //
 // A batch on a CUDA lane: token ids packed into the lane's pinned staging buffer, one
 // host-to-device copy, three kernels (classifier_kernels.cuh), one device-to-host copy of
-// the logits and probabilities, lane.synchronize(). The logits equal the CPU twin's bit
-// for bit; the probabilities agree within a few ulp (expf differs from the host's).
+// the logits and probabilities, lane.synchronize(). The logits are designed to equal the
+// CPU twin's bit for bit and the probabilities to agree within a few ulp (expf differs from
+// the host's): designed to; not yet run on a device.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include <tailbatch/cuda/classifier_kernels.cuh>
+#include <tailbatch/reference/cuda/classifier_kernels.cuh>
 #include <tailbatch/cuda/error.hpp>
 #include <tailbatch/cuda/fallback_lanes.hpp>
 #include <tailbatch/cuda/resources.hpp>

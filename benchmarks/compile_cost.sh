@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# What including tailbatch costs a server's build, measured against a baseline in the same run:
+#
+#   1. preprocessed lines of the umbrella <tailbatch/tailbatch.hpp> (goal: <= 120k with g++ 12
+#      in C++20 mode), and of a file that includes only the standard and system headers the
+#      core needs (the floor: what any C++20 server file with threads and futures pays anyway);
+#   2. the time to compile a file that instantiates one Pipeline (submit, future, shutdown)
+#      against the time to compile that standard-headers file (goal: <= 3x), each the median
+#      of --runs runs, interleaved so both see the same machine load. CPU time (user + sys)
+#      makes the ratio; wall time and peak memory are printed beside it.
+#
+# Usage: benchmarks/compile_cost.sh [--cxx g++] [--runs 3] [--flags "-O2"]
+# Not a test: it prints figures and whether the goals are met, and exits 0 unless a
+# compilation fails. docs/performance.md records its output.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cxx=g++
+runs=3
+flags="-O2"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --cxx) cxx="$2"; shift 2 ;;
+    --runs) runs="$2"; shift 2 ;;
+    --flags) flags="$2"; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "compile_cost.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ -x /usr/bin/time ]] || { echo "compile_cost.sh: needs /usr/bin/time (Debian: time)" >&2; exit 2; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# The standard and system headers the core includes: every <...> include of the core's
+# headers (include/tailbatch/ without the CUDA subtree) that is not a tailbatch header.
+find include/tailbatch -name '*.hpp' -not -path 'include/tailbatch/cuda/*' -not -name cuda.hpp -print0 |
+  xargs -0 grep -hoE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<[^>]+>' |
+  sed -E 's/.*<([^>]+)>.*/\1/' | grep -v '^tailbatch/' | sort -u > "$work/std_headers.txt"
+{
+  sed 's/.*/#include <&>/' "$work/std_headers.txt"
+  echo 'int main() { return 0; }'
+} > "$work/std_headers.cpp"
+
+cat > "$work/umbrella.cpp" <<'EOF'
+#include <tailbatch/tailbatch.hpp>
+EOF
+
+cat > "$work/pipeline.cpp" <<'EOF'
+// One Pipeline, instantiated and used the way a server file uses it.
+#include <tailbatch/tailbatch.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <span>
+
+int main() {
+  using namespace std::chrono_literals;
+  auto square = [](std::span<const int> in, std::span<int> out, tailbatch::HostLane&) {
+    for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i] * in[i];
+  };
+  tailbatch::Pipeline<int, int> pipeline(square, tailbatch::FixedWindow(32, 5ms));
+  auto answer = pipeline.submit(7, {.timeout = 100ms});
+  const bool ok = answer.get().ok();
+  pipeline.shutdown();
+  return ok ? 0 : 1;
+}
+EOF
+
+std_flags=(-std=c++20 -Iinclude)
+read -r -a extra_flags <<< "$flags"
+
+lines() { "$cxx" "${std_flags[@]}" -E "$1" | wc -l; }
+
+# One compilation: prints "wall_s cpu_s peak_kib".
+compile_once() {
+  /usr/bin/time -f '%e %U %S %M' -o "$work/time.txt" \
+    "$cxx" "${std_flags[@]}" "${extra_flags[@]}" -c "$1" -o "$work/out.o"
+  awk '{ printf "%.3f %.3f %d\n", $1, $2 + $3, $4 }' "$work/time.txt"
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+umbrella_lines=$(lines "$work/umbrella.cpp")
+std_lines=$(lines "$work/std_headers.cpp")
+
+: > "$work/std.runs"
+: > "$work/pipe.runs"
+for ((i = 1; i <= runs; ++i)); do
+  compile_once "$work/std_headers.cpp" >> "$work/std.runs"
+  compile_once "$work/pipeline.cpp" >> "$work/pipe.runs"
+done
+col() { awk -v c="$2" '{ print $c }' "$1" | median; }
+std_wall=$(col "$work/std.runs" 1); std_cpu=$(col "$work/std.runs" 2); std_mem=$(col "$work/std.runs" 3)
+pipe_wall=$(col "$work/pipe.runs" 1); pipe_cpu=$(col "$work/pipe.runs" 2); pipe_mem=$(col "$work/pipe.runs" 3)
+
+verdict() { if awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= b) }'; then echo met; else echo "NOT met"; fi; }
+ratio=$(awk -v a="$pipe_cpu" -v b="$std_cpu" 'BEGIN { printf "%.2f", a / b }')
+
+echo "compiler: $("$cxx" --version | head -1); flags: ${std_flags[*]} ${extra_flags[*]}; median of $runs"
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+printf 'umbrella <tailbatch/tailbatch.hpp>:        %7d preprocessed lines (goal <= 120000: %s)\n' \
+  "$umbrella_lines" "$(verdict "$umbrella_lines" 120000)"
+printf 'standard headers the core needs (%2d):     %7d preprocessed lines\n' \
+  "$(wc -l < "$work/std_headers.txt")" "$std_lines"
+printf '%-40s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "compile: standard headers only" \
+  "$std_wall" "$std_cpu" "$((std_mem / 1024))"
+printf '%-40s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "compile: one Pipeline instantiated" \
+  "$pipe_wall" "$pipe_cpu" "$((pipe_mem / 1024))"
+echo "ratio (Pipeline / standard headers, cpu time): ${ratio}x (goal <= 3x: $(verdict "$ratio" 3))"
