@@ -2,6 +2,7 @@
 // prefill, priorities without starvation, deadlines, every outcome exactly once, a step
 // that throws, shutdown, deterministic manual runs, and a threaded stress test.
 #include <tailbatch/continuous_batcher.hpp>
+#include <tailbatch/littles_law.hpp>
 
 #include <algorithm>
 #include <atomic>
