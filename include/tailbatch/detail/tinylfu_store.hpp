@@ -21,6 +21,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -78,6 +79,9 @@ class TinyLfuStore {
     Node* next = nullptr;  // toward the least recently used end
     Segment segment = Segment::window;
     bool referenced = false;  // protected only: hit since it last reached the cold end
+    // The sketch's epoch in which this key's counters were seen saturated (0: not): its
+    // hits until the next aging skip the sketch's block (see FrequencySketch::record_slot).
+    std::uint32_t saturated_epoch = 0;
   };
 
   // max_entries >= 1; max_bytes: the byte bound (SIZE_MAX: none). Allocates.
@@ -111,7 +115,58 @@ class TinyLfuStore {
 
   // Counts one lookup of the key in the frequency sketch.
   void record(std::uint64_t h) noexcept { sketch_.record(h); }
-  [[nodiscard]] unsigned frequency(std::uint64_t h) const noexcept { return sketch_.estimate(h); }
+  // The sketch's estimate for h, pending hits included.
+  [[nodiscard]] unsigned frequency(std::uint64_t h) noexcept {
+    drain_hits();
+    return sketch_.estimate(h);
+  }
+
+  // A hit on n: buffered, not applied. The sighting and the move toward the front of n's
+  // segment (touch) happen in a batch when the buffer fills or before the next change to
+  // the entries (insert, erase, clear, erase_expired), so that a hit itself writes one
+  // pointer and the batch overlaps its sketch loads. Nothing is dropped, and no node is
+  // freed while it is buffered: every path that frees one drains first.
+  // A key whose counters are all saturated in the current aging epoch is counted at once
+  // (its block would not change) and touched at once.
+  void hit(Node* n) noexcept {
+    if (n->saturated_epoch == sketch_.epoch()) {
+      sketch_.record_saturated();
+      if (n->segment == Segment::protect) {
+        n->referenced = true;  // touch's protected case, inline
+      } else {
+        touch(n);
+      }
+      return;
+    }
+    unsigned weight = 1;
+    if (n->segment == Segment::protect && n->referenced) {
+      // Hit again since its last second chance: the hottest entries. One such hit in
+      // hit_sampling is counted, with that weight (the expected count is unchanged); the
+      // rest only keep the mark, and touch the sketch not at all.
+      if (++sampled_ % hit_sampling != 0) return;
+      weight = hit_sampling;
+    }
+    weights_[pending_] = static_cast<std::uint8_t>(weight);
+    hits_[pending_++] = n;
+    if (pending_ == hits_.size()) drain_hits();
+  }
+
+  // Applies the buffered hits in arrival order (see hit). Never throws.
+  void drain_hits() noexcept {
+    const std::size_t n = pending_;
+    if (n == 0) return;
+    pending_ = 0;
+    std::array<std::uint64_t, std::tuple_size_v<decltype(hits_)>> slot;
+    for (std::size_t i = 0; i < n; ++i) {
+      slot[i] = FrequencySketch::slot_of(hits_[i]->hash);
+      sketch_.prefetch_slot(slot[i]);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      Node* x = hits_[i];
+      if (sketch_.record_slot(slot[i], weights_[i])) x->saturated_epoch = sketch_.epoch();
+      touch(x);
+    }
+  }
 
   // A hit on n: moves it toward the front of its segment (probation promotes to protected).
   void touch(Node* n) noexcept {
@@ -144,7 +199,10 @@ class TinyLfuStore {
   }
 
   // Removes n. Never throws (KeyEqual must not).
-  void erase(Node* n) noexcept { remove(n); }
+  void erase(Node* n) noexcept {
+    drain_hits();
+    remove(n);
+  }
 
   // Inserts (key, value) or replaces the value of an existing entry, then evicts until
   // within bounds. Returns false when the entry is not in the store afterwards (larger
@@ -152,6 +210,7 @@ class TinyLfuStore {
   // (std::bad_alloc, or what Key/Value moves or KeyEqual throw): nothing changed.
   bool insert(Key&& key, Value&& value, std::uint64_t h, std::size_t bytes, TimePoint expires,
               EvictionTally& tally) {
+    drain_hits();
     if (Node* n = find(key, h)) {
       if (bytes > max_bytes_) {
         erase(n);
@@ -199,6 +258,7 @@ class TinyLfuStore {
 
   // Drops every entry whose expiry is at or before now. Returns how many. Never throws.
   std::size_t erase_expired(TimePoint now) noexcept {
+    drain_hits();
     std::size_t n = 0;
     for (List* l : {&window_, &probation_, &protected_}) {
       for (Node* x = l->head; x != nullptr;) {
@@ -215,6 +275,7 @@ class TinyLfuStore {
 
   // Drops every entry and the frequency history. Never throws.
   void clear() noexcept {
+    pending_ = 0;
     for (Slot& s : slots_) {
       delete s.node;
       s = Slot{};
@@ -353,6 +414,12 @@ class TinyLfuStore {
   std::size_t window_cap_ = 1;
   std::size_t protected_cap_ = 0;
   std::size_t bytes_ = 0;
+  // Hits not yet applied (see hit()): 32 pointers, half a kilobyte a shard.
+  std::size_t pending_ = 0;
+  std::array<Node*, 32> hits_{};
+  std::array<std::uint8_t, 32> weights_{};
+  static constexpr unsigned hit_sampling = 4;
+  unsigned sampled_ = 0;
 };
 
 }  // namespace tailbatch::detail
