@@ -531,3 +531,39 @@ TEST_CASE("TinyLfuStore: buffered and sampled hits count as every hit did, befor
   CHECK(store.find(4, h(4)) == nullptr);
   CHECK(store.frequency(h(4)) == 1);
 }
+
+TEST_CASE("ResultCache: concurrent try_get and insert from 1, 2, 3, 7 and 16 threads keep values and counts") {
+  for (const int threads : {1, 2, 3, 7, 16}) {
+    CAPTURE(threads);
+    // Small shards, so that hits are buffered while other threads insert and evict.
+    ResultCache<int, int> cache({.max_entries = 64, .shards = 4});
+    constexpr int per_thread = 4000;
+    std::atomic<int> wrong{0};
+    std::atomic<std::uint64_t> hits{0};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        std::uint64_t mine = 0;
+        for (int i = 0; i < per_thread; ++i) {
+          // Mostly a hot set of 32 keys, sometimes one of 200 others.
+          const int key = (i % 5 == 4) ? 100 + (i * 7 + t * 13) % 200 : (i * 11 + t) % 32;
+          if (auto v = cache.try_get(key)) {
+            ++mine;
+            if (*v != key * 3) wrong.fetch_add(1);
+          } else {
+            (void)cache.insert(key, key * 3);
+          }
+        }
+        hits.fetch_add(mine);
+      });
+    }
+    for (auto& th : pool) th.join();
+    CHECK(wrong.load() == 0);
+    const CacheStats s = cache.stats();
+    CHECK(s.hits == hits.load());
+    CHECK(s.hits + s.misses == static_cast<std::uint64_t>(threads) * per_thread);
+    CHECK(s.entries <= 64);
+    CHECK(s.entries == cache.size_approx());
+    CHECK(s.hits > s.misses);  // the hot set stays in
+  }
+}

@@ -28,7 +28,10 @@
 // entries and by bytes (Config::size_of says what an entry weighs), with an optional
 // time-to-live read from the clock C. Lookups are counted in a frequency sketch with a
 // doorkeeper (detail/frequency_sketch.hpp): a scan of one-hit keys does not evict a hot
-// set. docs/result-cache.md has the design and the measurements.
+// set. A hit's bookkeeping is buffered and applied in batches before the shard's entries
+// next change, and hits on the hottest entries are counted one in four with weight four
+// (detail/tinylfu_store.hpp), so a hit is mostly a lock, a probe and a copy.
+// docs/result-cache.md has the design and the measurements.
 #pragma once
 
 #include <algorithm>
@@ -251,8 +254,9 @@ class ResultCache {
   ~ResultCache() = default;
 
   // The cached value for key, or nullopt (absent or expired). Counts a hit or a miss and
-  // one sighting in the admission filter. Takes the shard's lock briefly; allocates only
-  // what copying the Value does. Throws what copying a Value throws. Thread-safe.
+  // one sighting in the admission filter (a hit's is buffered and may be sampled; see the
+  // file comment). Takes the shard's lock briefly; allocates only what copying the Value
+  // does. Throws what copying a Value throws. Thread-safe.
   [[nodiscard]] std::optional<Value> try_get(const Key& key) {
     const std::uint64_t h = mixed_hash(key);
     Shard& s = shard_of(h);
@@ -509,10 +513,11 @@ class ResultCache {
                                        detail::KeyRefEqual<Key, KeyEqual>>;
 
   struct alignas(64) Shard {
+    // A hit writes the lock, hits and the start of store: the first two cache lines.
     mutable detail::ShardLock mu;
+    std::uint64_t hits = 0;
     std::optional<Store> store;  // in place: a hit follows one pointer less
     std::unique_ptr<FlightMap> flights;
-    std::uint64_t hits = 0;
     std::uint64_t misses = 0;
     std::uint64_t coalesced = 0;
     std::uint64_t inserts = 0;

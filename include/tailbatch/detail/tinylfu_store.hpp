@@ -16,6 +16,14 @@
 // therefore passes through the window and leaves, and never flushes the hot main area.
 // Ties go to the incumbent.
 //
+// Hits are cheap (hit()): their sightings and list moves wait in a 32-entry buffer and are
+// applied in a batch, its sketch blocks prefetched together, when it fills or before any
+// change to the entries, so every admission decision sees every hit and no buffered
+// entry is ever freed. A key whose four counters are saturated skips the sketch until the
+// next aging (recording it would change nothing). A hit on a protected entry already
+// marked since its last second chance, the hottest kind, is counted one time in four with
+// weight four: the expected count is the exact one, at a quarter of the sketch traffic.
+//
 // Bounded by entries and by bytes (each entry's size is given by the caller). Not
 // thread-safe: ResultCache holds one per shard, under the shard's lock.
 #pragma once
@@ -401,11 +409,14 @@ class TinyLfuStore {
     return survived;
   }
 
+  // What a hit reads and writes first, together.
   KeyEqual eq_;
   std::vector<Slot> slots_;
   unsigned shift_ = 64 - 4;  // 16 slots
-  std::size_t count_ = 0;
+  unsigned sampled_ = 0;     // hits on marked protected entries, for hit_sampling
+  std::size_t pending_ = 0;  // hits buffered in hits_
   FrequencySketch sketch_;
+  std::size_t count_ = 0;
   List window_;
   List probation_;
   List protected_;
@@ -414,12 +425,10 @@ class TinyLfuStore {
   std::size_t window_cap_ = 1;
   std::size_t protected_cap_ = 0;
   std::size_t bytes_ = 0;
-  // Hits not yet applied (see hit()): 32 pointers, half a kilobyte a shard.
-  std::size_t pending_ = 0;
+  // Hits not yet applied (see hit()), with the sightings each stands for.
   std::array<Node*, 32> hits_{};
   std::array<std::uint8_t, 32> weights_{};
   static constexpr unsigned hit_sampling = 4;
-  unsigned sampled_ = 0;
 };
 
 }  // namespace tailbatch::detail
