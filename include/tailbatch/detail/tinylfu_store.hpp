@@ -140,7 +140,7 @@ class TinyLfuStore {
     if (n->saturated_epoch == sketch_.epoch()) {
       sketch_.record_saturated();
       if (n->segment == Segment::protect) {
-        n->referenced = true;  // touch's protected case, inline
+        mark(n);  // touch's protected case, inline
       } else {
         touch(n);
       }
@@ -151,7 +151,7 @@ class TinyLfuStore {
       // Hit again since its last second chance: the hottest entries. One such hit in
       // hit_sampling is counted, with that weight (the expected count is unchanged); the
       // rest only keep the mark, and touch the sketch not at all.
-      if (++sampled_ % hit_sampling != 0) return;
+      if (++sampled_ % hit_sampling != 0) return;  // marked already
       weight = hit_sampling;
     }
     weights_[pending_] = static_cast<std::uint8_t>(weight);
@@ -201,9 +201,15 @@ class TinyLfuStore {
       case Segment::protect:
         // Marked, not moved: the list is reordered only when its cold end is reached
         // (CLOCK's second chance), which spares a hit the writes to two neighbours.
-        n->referenced = true;
+        mark(n);
         break;
     }
+  }
+
+  // Sets n's second-chance mark, writing only when it was clear: a hit on a marked entry
+  // then leaves its cache line clean, shared by every core that reads it.
+  static void mark(Node* n) noexcept {
+    if (!n->referenced) n->referenced = true;
   }
 
   // Removes n. Never throws (KeyEqual must not).
