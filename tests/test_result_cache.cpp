@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <future>
+#include <limits>
 #include <list>
 #include <stdexcept>
 #include <string>
@@ -469,4 +470,100 @@ TEST_CASE("FrequencySketch: the doorkeeper absorbs first sightings; counts satur
   const unsigned aged = sketch.estimate(a);
   CHECK(aged >= 7);  // 15 / 2, plus collisions from the filler keys at most
   CHECK(aged <= 8);
+}
+
+TEST_CASE("FrequencySketch: a weighted sighting counts as that many; saturation holds until aging") {
+  detail::FrequencySketch weighted(64);
+  detail::FrequencySketch single(64);
+  const std::uint64_t g = detail::FrequencySketch::slot_of(detail::mix64(7));
+  CHECK_FALSE(weighted.record_slot(g, 4));  // one to the doorkeeper, three counted
+  for (int i = 0; i < 4; ++i) CHECK_FALSE(single.record_slot(g));
+  CHECK(weighted.estimate(detail::mix64(7)) == 4);
+  CHECK(single.estimate(detail::mix64(7)) == 4);
+  CHECK(weighted.additions() == single.additions());
+  // Saturation is reported once all four counters reach max_count, and not before.
+  bool saturated = false;
+  int more = 0;
+  while (!saturated) {
+    saturated = single.record_slot(g);
+    ++more;
+  }
+  CHECK(more == detail::FrequencySketch::max_count - 3);
+  CHECK(single.estimate(detail::mix64(7)) == detail::FrequencySketch::max_count + 1);
+  // record_saturated counts a sighting without changing the estimate; aging changes the
+  // epoch, which ends the saturation.
+  const std::uint32_t epoch = single.epoch();
+  const std::size_t before = single.additions();
+  single.record_saturated();
+  CHECK(single.additions() == before + 1);
+  CHECK(single.estimate(detail::mix64(7)) == detail::FrequencySketch::max_count + 1);
+  while (single.epoch() == epoch) single.record_saturated();
+  CHECK(single.estimate(detail::mix64(7)) == detail::FrequencySketch::max_count / 2);
+  CHECK_FALSE(single.record_slot(g));  // the doorkeeper was cleared: not saturated
+}
+
+TEST_CASE("TinyLfuStore: buffered and sampled hits count as every hit did, before admission") {
+  using Store = detail::TinyLfuStore<int, int, std::equal_to<int>, ManualClock::time_point>;
+  Store store(10, std::numeric_limits<std::size_t>::max(), std::equal_to<int>{});
+  detail::EvictionTally tally;
+  const auto h = [](int k) { return detail::mix64(static_cast<std::uint64_t>(k)); };
+  for (int k = 1; k <= 10; ++k) {
+    CHECK(store.insert(int{k}, int{k}, h(k), 0, ManualClock::time_point::max(), tally));
+  }
+  auto* hot = store.find(3, h(3));
+  REQUIRE(hot != nullptr);
+  REQUIRE(store.segment_of(hot) == Store::Segment::probation);
+  // Ten hits, fewer than the buffer holds: the first promotes it to protected, the second
+  // marks it, the other eight are sampled one in four with weight four.
+  for (int i = 0; i < 10; ++i) store.hit(hot);
+  // An insert applies the buffered hits before it picks a victim.
+  CHECK(store.insert(11, 11, h(11), 0, ManualClock::time_point::max(), tally));
+  hot = store.find(3, h(3));
+  REQUIRE(hot != nullptr);
+  CHECK(store.segment_of(hot) == Store::Segment::protect);
+  // Ten sightings: one in the doorkeeper and nine counted, as if each had been recorded.
+  CHECK(store.frequency(h(3)) == 10);
+  // Hits on an entry about to be erased are applied first, and nothing dangles (ASan).
+  auto* gone = store.find(4, h(4));
+  REQUIRE(gone != nullptr);
+  store.hit(gone);
+  store.erase(gone);
+  CHECK(store.find(4, h(4)) == nullptr);
+  CHECK(store.frequency(h(4)) == 1);
+}
+
+TEST_CASE("ResultCache: concurrent try_get and insert from 1, 2, 3, 7 and 16 threads keep values and counts") {
+  for (const int threads : {1, 2, 3, 7, 16}) {
+    CAPTURE(threads);
+    // Small shards, so that hits are buffered while other threads insert and evict.
+    ResultCache<int, int> cache({.max_entries = 64, .shards = 4});
+    constexpr int per_thread = 4000;
+    std::atomic<int> wrong{0};
+    std::atomic<std::uint64_t> hits{0};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        std::uint64_t mine = 0;
+        for (int i = 0; i < per_thread; ++i) {
+          // Mostly a hot set of 32 keys, sometimes one of 200 others.
+          const int key = (i % 5 == 4) ? 100 + (i * 7 + t * 13) % 200 : (i * 11 + t) % 32;
+          if (auto v = cache.try_get(key)) {
+            ++mine;
+            if (*v != key * 3) wrong.fetch_add(1);
+          } else {
+            (void)cache.insert(key, key * 3);
+          }
+        }
+        hits.fetch_add(mine);
+      });
+    }
+    for (auto& th : pool) th.join();
+    CHECK(wrong.load() == 0);
+    const CacheStats s = cache.stats();
+    CHECK(s.hits == hits.load());
+    CHECK(s.hits + s.misses == static_cast<std::uint64_t>(threads) * per_thread);
+    CHECK(s.entries <= 64);
+    CHECK(s.entries == cache.size_approx());
+    CHECK(s.hits > s.misses);  // the hot set stays in
+  }
 }

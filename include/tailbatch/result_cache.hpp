@@ -28,7 +28,10 @@
 // entries and by bytes (Config::size_of says what an entry weighs), with an optional
 // time-to-live read from the clock C. Lookups are counted in a frequency sketch with a
 // doorkeeper (detail/frequency_sketch.hpp): a scan of one-hit keys does not evict a hot
-// set. docs/result-cache.md has the design and the measurements.
+// set. A hit's bookkeeping is buffered and applied in batches before the shard's entries
+// next change, and hits on the hottest entries are counted one in four with weight four
+// (detail/tinylfu_store.hpp), so a hit is mostly a lock, a probe and a copy.
+// docs/result-cache.md has the design and the measurements.
 #pragma once
 
 #include <algorithm>
@@ -110,6 +113,42 @@ struct CacheStats {
 };
 
 namespace detail {
+
+// A shard's lock. Every hit takes it, so it is made for holds of tens of nanoseconds:
+// lock is one atomic exchange when free, unlock one plain store (std::mutex's unlock is
+// a second atomic read-modify-write, which on x86 also stalls the loads behind it and
+// cost a hit about a third of its time). Having no sleeping waiters to wake is what
+// makes that store enough: a waiter spins briefly, then yields, then sleeps in 20 us
+// steps, so a holder preempted mid-hit, or one holding it longer (insert, clear,
+// erase_expired), costs waiters little CPU. Not fair. Meets Lockable.
+class ShardLock {
+ public:
+  void lock() noexcept {
+    if (try_lock()) return;
+    lock_contended();
+  }
+  [[nodiscard]] bool try_lock() noexcept { return !held_.exchange(true, std::memory_order_acquire); }
+  void unlock() noexcept { held_.store(false, std::memory_order_release); }
+
+ private:
+  void lock_contended() noexcept {
+    unsigned waits = 0;
+    do {
+      while (held_.load(std::memory_order_relaxed)) {
+        if (waits < 64) {
+          cpu_relax();
+        } else if (waits < 64 + 16) {
+          std::this_thread::yield();
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+        if (waits < 64 + 16) ++waits;
+      }
+    } while (!try_lock());
+  }
+
+  std::atomic<bool> held_{false};
+};
 
 // A waiter's completion: a move-only, type-erased void(Outcome<Value>&&). Allocates once.
 template <class Value>
@@ -203,7 +242,7 @@ class ResultCache {
       const std::size_t entries = share(config_.max_entries, i);
       const std::size_t bytes = config_.max_bytes == 0 ? std::numeric_limits<std::size_t>::max()
                                                        : share(config_.max_bytes, i);
-      shards_[i].store = std::make_unique<Store>(entries, bytes, eq);
+      shards_[i].store.emplace(entries, bytes, eq);
       shards_[i].flights = std::make_unique<FlightMap>(
           8, detail::KeyRefHash{}, detail::KeyRefEqual<Key, KeyEqual>{eq});
     }
@@ -215,23 +254,21 @@ class ResultCache {
   ~ResultCache() = default;
 
   // The cached value for key, or nullopt (absent or expired). Counts a hit or a miss and
-  // one sighting in the admission filter. Takes the shard's lock briefly; allocates only
-  // what copying the Value does. Throws what copying a Value throws. Thread-safe.
+  // one sighting in the admission filter (a hit's is buffered and may be sampled; see the
+  // file comment). Takes the shard's lock briefly; allocates only what copying the Value
+  // does. Throws what copying a Value throws. Thread-safe.
   [[nodiscard]] std::optional<Value> try_get(const Key& key) {
     const std::uint64_t h = mixed_hash(key);
     Shard& s = shard_of(h);
-    s.store->prefetch_frequency(h);
     std::unique_lock lock(s.mu);
-    Node* n = live_node(s, key, h);
-    s.store->record(h);
-    if (n == nullptr) {
-      ++s.misses;
-      lock.unlock();
-      if (metrics_) metrics_->misses->inc();
+    Node* n = s.store->find(key, h);
+    if (n == nullptr || expired(*n)) [[unlikely]] {
+      lock.release();  // missed() unlocks
+      missed(s, n, h);
       return std::nullopt;
     }
-    s.store->touch(n);
     std::optional<Value> v(n->value);
+    s.store->hit(n);
     ++s.hits;
     lock.unlock();
     if (metrics_) metrics_->hits->inc();
@@ -320,19 +357,18 @@ class ResultCache {
 #if TAILBATCH_HAS_EXCEPTIONS
     try {
 #endif
-      s.store->prefetch_frequency(h);
       std::unique_lock lock(s.mu);
       Node* n = live_node(s, req, h);
-      s.store->record(h);
       if (n != nullptr) {
-        s.store->touch(n);
         std::optional<Value> v(n->value);
+        s.store->hit(n);
         ++s.hits;
         lock.unlock();
         if (metrics_) metrics_->hits->inc();
         deliver_user(on_complete, Outcome<Value>(std::move(*v)));
         return;
       }
+      s.store->record(h);
       const BatchTime deadline = effective_deadline(pipeline, options);
       waiter = std::make_shared<Waiter>(deadline);
       waiter->done = detail::CacheCallback<Value>(std::forward<F>(on_complete));
@@ -477,10 +513,11 @@ class ResultCache {
                                        detail::KeyRefEqual<Key, KeyEqual>>;
 
   struct alignas(64) Shard {
-    mutable std::mutex mu;
-    std::unique_ptr<Store> store;
-    std::unique_ptr<FlightMap> flights;
+    // A hit writes the lock, hits and the start of store: the first two cache lines.
+    mutable detail::ShardLock mu;
     std::uint64_t hits = 0;
+    std::optional<Store> store;  // in place: a hit follows one pointer less
+    std::unique_ptr<FlightMap> flights;
     std::uint64_t misses = 0;
     std::uint64_t coalesced = 0;
     std::uint64_t inserts = 0;
@@ -513,19 +550,43 @@ class ResultCache {
     if (bytes != 0) bytes_.fetch_add(bytes, std::memory_order_relaxed);
   }
 
+  [[nodiscard]] bool expired(const Node& n) const noexcept {
+    return config_.ttl > std::chrono::nanoseconds::zero() && clock_.now() >= n.expires;
+  }
+
+  // Drops n, whose time-to-live has passed. Under s.mu.
+  void drop_expired(Shard& s, Node* n) noexcept {
+    const std::size_t b = n->bytes;
+    s.store->erase(n);
+    ++s.expired;
+    account(-1, -static_cast<std::ptrdiff_t>(b));
+    if (metrics_) metrics_->expired->inc();
+  }
+
   // The node for key if present and not expired; an expired one is dropped. Under s.mu.
   Node* live_node(Shard& s, const Key& key, std::uint64_t h) noexcept {
     Node* n = s.store->find(key, h);
     if (n == nullptr) return nullptr;
-    if (config_.ttl > std::chrono::nanoseconds::zero() && clock_.now() >= n->expires) {
-      const std::size_t b = n->bytes;
-      s.store->erase(n);
-      ++s.expired;
-      account(-1, -static_cast<std::ptrdiff_t>(b));
-      if (metrics_) metrics_->expired->inc();
+    if (expired(*n)) {
+      drop_expired(s, n);
       return nullptr;
     }
     return n;
+  }
+
+  // try_get found nothing live (n: the expired node, or null). Called under s.mu, which
+  // it releases. Out of line, so that try_get's hit path stays small.
+#if defined(__GNUC__) || defined(__clang__)
+  [[gnu::noinline]]
+#endif
+  void missed(Shard& s, Node* n, std::uint64_t h) noexcept {
+    {
+      std::unique_lock lock(s.mu, std::adopt_lock);
+      if (n != nullptr) drop_expired(s, n);
+      s.store->record(h);
+      ++s.misses;
+    }
+    if (metrics_) metrics_->misses->inc();
   }
 
   // Under s.mu. Strong guarantee.

@@ -50,26 +50,55 @@ class FrequencySketch {
   }
 
   // Counts one sighting of the key with (mixed) hash h. Never allocates.
-  void record(std::uint64_t h) noexcept {
-    const std::uint64_t g = mix64(h ^ 0x9e3779b97f4a7c15ULL);
+  void record(std::uint64_t h) noexcept { (void)record_slot(slot_of(h)); }
+
+  // Where the key with (mixed) hash h is counted: pass it to prefetch_slot and
+  // record_slot, so that a batch of sightings mixes each hash once.
+  [[nodiscard]] static std::uint64_t slot_of(std::uint64_t h) noexcept { return mix64(h ^ 0x9e3779b97f4a7c15ULL); }
+
+  // Counts one sighting of the key counted at g (from slot_of). Returns whether all four
+  // of its counters are now at max_count: until the next aging (epoch() changes), a
+  // further sighting of it would change no counter and no doorkeeper bit, and
+  // record_saturated() counts it at the same effect. Never allocates.
+  // weight > 1 counts that many sightings at once (see TinyLfuStore::hit).
+  bool record_slot(std::uint64_t g, unsigned weight = 1) noexcept {
     Block& b = block(g);
     const std::uint64_t d0 = door_bit(g, 44);
     const std::uint64_t d1 = door_bit(g, 52);
     std::uint64_t& w0 = b.door[(g >> 50) & 3];
     std::uint64_t& w1 = b.door[(g >> 58) & 3];
-    if ((w0 & d0) != 0 && (w1 & d1) != 0) {
-      for (std::size_t r = 0; r < depth; ++r) {
-        const std::size_t i = counter(g, r);
-        std::uint8_t& pair = b.counters[i / 2];
-        const unsigned shift = (i % 2) * 4;
-        if (((pair >> shift) & 15u) < max_count) pair = static_cast<std::uint8_t>(pair + (1u << shift));
-      }
-    } else {
+    unsigned add = weight;
+    if ((w0 & d0) == 0 || (w1 & d1) == 0) {  // the first sighting goes to the doorkeeper
       w0 |= d0;
       w1 |= d1;
+      --add;
     }
+    bool saturated = true;
+    for (std::size_t r = 0; r < depth; ++r) {
+      const std::size_t i = counter(g, r);
+      std::uint8_t& pair = b.counters[i / 2];
+      const unsigned shift = (i % 2) * 4;
+      const unsigned c = (pair >> shift) & 15u;
+      const unsigned next = std::min<unsigned>(max_count, c + add);
+      pair = static_cast<std::uint8_t>((pair & ~(15u << shift)) | (next << shift));
+      saturated = saturated && next == max_count;
+    }
+    additions_ += weight;
+    if (additions_ >= sample_) {
+      age();
+      return false;
+    }
+    return saturated;
+  }
+
+  // Counts one sighting of a key that record_slot reported saturated in this epoch():
+  // the same effect as record_slot, without touching its block. Never allocates.
+  void record_saturated() noexcept {
     if (++additions_ >= sample_) age();
   }
+
+  // Changes whenever counters are aged or cleared (never 0). Never allocates.
+  [[nodiscard]] std::uint32_t epoch() const noexcept { return epoch_; }
 
   // The estimated recent count of the key with (mixed) hash h, at most max_count + 1.
   // Never allocates.
@@ -87,9 +116,11 @@ class FrequencySketch {
 
   // Starts loading h's block into the cache. Reads only what is fixed at construction, so
   // it may run without the owner's lock (a prefetch never faults). Never allocates.
-  void prefetch([[maybe_unused]] std::uint64_t h) const noexcept {
+  void prefetch(std::uint64_t h) const noexcept { prefetch_slot(slot_of(h)); }
+  // The same, for g from slot_of. Never allocates.
+  void prefetch_slot([[maybe_unused]] std::uint64_t g) const noexcept {
 #if defined(__GNUC__) || defined(__clang__)
-    __builtin_prefetch(&block(mix64(h ^ 0x9e3779b97f4a7c15ULL)), 1);
+    __builtin_prefetch(&block(g), 1);
 #endif
   }
 
@@ -97,6 +128,7 @@ class FrequencySketch {
   void clear() noexcept {
     std::fill(blocks_.begin(), blocks_.end(), Block{});
     additions_ = 0;
+    next_epoch();
   }
 
   // Sightings since the last aging, and how many trigger the next. Never allocates.
@@ -127,11 +159,17 @@ class FrequencySketch {
       for (std::uint64_t& w : b.door) w = 0;
     }
     additions_ /= 2;
+    next_epoch();
+  }
+
+  void next_epoch() noexcept {
+    if (++epoch_ == 0) epoch_ = 1;
   }
 
   std::vector<Block> blocks_;
   std::size_t additions_ = 0;
   std::size_t sample_ = 0;
+  std::uint32_t epoch_ = 1;
 };
 
 }  // namespace tailbatch::detail

@@ -16,11 +16,20 @@
 // therefore passes through the window and leaves, and never flushes the hot main area.
 // Ties go to the incumbent.
 //
+// Hits are cheap (hit()): their sightings and list moves wait in a 32-entry buffer and are
+// applied in a batch, its sketch blocks prefetched together, when it fills or before any
+// change to the entries, so every admission decision sees every hit and no buffered
+// entry is ever freed. A key whose four counters are saturated skips the sketch until the
+// next aging (recording it would change nothing). A hit on a protected entry already
+// marked since its last second chance, the hottest kind, is counted one time in four with
+// weight four: the expected count is the exact one, at a quarter of the sketch traffic.
+//
 // Bounded by entries and by bytes (each entry's size is given by the caller). Not
 // thread-safe: ResultCache holds one per shard, under the shard's lock.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -78,6 +87,9 @@ class TinyLfuStore {
     Node* next = nullptr;  // toward the least recently used end
     Segment segment = Segment::window;
     bool referenced = false;  // protected only: hit since it last reached the cold end
+    // The sketch's epoch in which this key's counters were seen saturated (0: not): its
+    // hits until the next aging skip the sketch's block (see FrequencySketch::record_slot).
+    std::uint32_t saturated_epoch = 0;
   };
 
   // max_entries >= 1; max_bytes: the byte bound (SIZE_MAX: none). Allocates.
@@ -111,7 +123,58 @@ class TinyLfuStore {
 
   // Counts one lookup of the key in the frequency sketch.
   void record(std::uint64_t h) noexcept { sketch_.record(h); }
-  [[nodiscard]] unsigned frequency(std::uint64_t h) const noexcept { return sketch_.estimate(h); }
+  // The sketch's estimate for h, pending hits included.
+  [[nodiscard]] unsigned frequency(std::uint64_t h) noexcept {
+    drain_hits();
+    return sketch_.estimate(h);
+  }
+
+  // A hit on n: buffered, not applied. The sighting and the move toward the front of n's
+  // segment (touch) happen in a batch when the buffer fills or before the next change to
+  // the entries (insert, erase, clear, erase_expired), so that a hit itself writes one
+  // pointer and the batch overlaps its sketch loads. Nothing is dropped, and no node is
+  // freed while it is buffered: every path that frees one drains first.
+  // A key whose counters are all saturated in the current aging epoch is counted at once
+  // (its block would not change) and touched at once.
+  void hit(Node* n) noexcept {
+    if (n->saturated_epoch == sketch_.epoch()) {
+      sketch_.record_saturated();
+      if (n->segment == Segment::protect) {
+        mark(n);  // touch's protected case, inline
+      } else {
+        touch(n);
+      }
+      return;
+    }
+    unsigned weight = 1;
+    if (n->segment == Segment::protect && n->referenced) {
+      // Hit again since its last second chance: the hottest entries. One such hit in
+      // hit_sampling is counted, with that weight (the expected count is unchanged); the
+      // rest only keep the mark, and touch the sketch not at all.
+      if (++sampled_ % hit_sampling != 0) return;  // marked already
+      weight = hit_sampling;
+    }
+    weights_[pending_] = static_cast<std::uint8_t>(weight);
+    hits_[pending_++] = n;
+    if (pending_ == hits_.size()) drain_hits();
+  }
+
+  // Applies the buffered hits in arrival order (see hit). Never throws.
+  void drain_hits() noexcept {
+    const std::size_t n = pending_;
+    if (n == 0) return;
+    pending_ = 0;
+    std::array<std::uint64_t, std::tuple_size_v<decltype(hits_)>> slot;
+    for (std::size_t i = 0; i < n; ++i) {
+      slot[i] = FrequencySketch::slot_of(hits_[i]->hash);
+      sketch_.prefetch_slot(slot[i]);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      Node* x = hits_[i];
+      if (sketch_.record_slot(slot[i], weights_[i])) x->saturated_epoch = sketch_.epoch();
+      touch(x);
+    }
+  }
 
   // A hit on n: moves it toward the front of its segment (probation promotes to protected).
   void touch(Node* n) noexcept {
@@ -138,13 +201,22 @@ class TinyLfuStore {
       case Segment::protect:
         // Marked, not moved: the list is reordered only when its cold end is reached
         // (CLOCK's second chance), which spares a hit the writes to two neighbours.
-        n->referenced = true;
+        mark(n);
         break;
     }
   }
 
+  // Sets n's second-chance mark, writing only when it was clear: a hit on a marked entry
+  // then leaves its cache line clean, shared by every core that reads it.
+  static void mark(Node* n) noexcept {
+    if (!n->referenced) n->referenced = true;
+  }
+
   // Removes n. Never throws (KeyEqual must not).
-  void erase(Node* n) noexcept { remove(n); }
+  void erase(Node* n) noexcept {
+    drain_hits();
+    remove(n);
+  }
 
   // Inserts (key, value) or replaces the value of an existing entry, then evicts until
   // within bounds. Returns false when the entry is not in the store afterwards (larger
@@ -152,6 +224,7 @@ class TinyLfuStore {
   // (std::bad_alloc, or what Key/Value moves or KeyEqual throw): nothing changed.
   bool insert(Key&& key, Value&& value, std::uint64_t h, std::size_t bytes, TimePoint expires,
               EvictionTally& tally) {
+    drain_hits();
     if (Node* n = find(key, h)) {
       if (bytes > max_bytes_) {
         erase(n);
@@ -199,6 +272,7 @@ class TinyLfuStore {
 
   // Drops every entry whose expiry is at or before now. Returns how many. Never throws.
   std::size_t erase_expired(TimePoint now) noexcept {
+    drain_hits();
     std::size_t n = 0;
     for (List* l : {&window_, &probation_, &protected_}) {
       for (Node* x = l->head; x != nullptr;) {
@@ -215,6 +289,7 @@ class TinyLfuStore {
 
   // Drops every entry and the frequency history. Never throws.
   void clear() noexcept {
+    pending_ = 0;
     for (Slot& s : slots_) {
       delete s.node;
       s = Slot{};
@@ -340,11 +415,14 @@ class TinyLfuStore {
     return survived;
   }
 
+  // What a hit reads and writes first, together.
   KeyEqual eq_;
   std::vector<Slot> slots_;
   unsigned shift_ = 64 - 4;  // 16 slots
-  std::size_t count_ = 0;
+  unsigned sampled_ = 0;     // hits on marked protected entries, for hit_sampling
+  std::size_t pending_ = 0;  // hits buffered in hits_
   FrequencySketch sketch_;
+  std::size_t count_ = 0;
   List window_;
   List probation_;
   List protected_;
@@ -353,6 +431,10 @@ class TinyLfuStore {
   std::size_t window_cap_ = 1;
   std::size_t protected_cap_ = 0;
   std::size_t bytes_ = 0;
+  // Hits not yet applied (see hit()), with the sightings each stands for.
+  std::array<Node*, 32> hits_{};
+  std::array<std::uint8_t, 32> weights_{};
+  static constexpr unsigned hit_sampling = 4;
 };
 
 }  // namespace tailbatch::detail
