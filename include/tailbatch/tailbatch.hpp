@@ -11,6 +11,7 @@
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/batch_window.hpp>
+#include <tailbatch/adaptive_window.hpp>
 #include <tailbatch/lanes.hpp>
 #include <tailbatch/pipeline.hpp>
 #include <tailbatch/token_streamer.hpp>
