@@ -154,7 +154,7 @@ class AdaptiveState {
   static constexpr std::size_t checkpoint_capacity = 2048;
   // A sample above this multiple of its size's mean is clipped to it (a stall, a page
   // fault) once the size has enough samples to trust its mean.
-  static constexpr double outlier_ratio = 4.0;
+  static constexpr double outlier_ratio = 1.5;
   // Plans are made for rates on a geometric grid of this ratio, and remembered.
   static constexpr double rate_step = 1.04;
   // The model is re-planned when L(1) or L(max_batch) moved by more than this fraction.
@@ -400,8 +400,15 @@ class AdaptiveState {
   // load (see observe_arrivals); over fast_span at least. 0 until a few are known.
   double rate_at(BatchTime now, std::uint64_t* counted = nullptr) const noexcept {
     const std::uint64_t since = counted_ - std::min(counted_, regime_start_);
-    if (since <= fast_span) return rate_over(now, fast_span, counted);
-    return rate_over(now, std::min(slow_span, since), counted);
+    const double fast = rate_over(now, fast_span, counted);
+    if (since <= fast_span) return fast;
+    std::uint64_t slow_count = 0;
+    const double slow = rate_over(now, std::min(slow_span, since), &slow_count);
+    // Arrivals that stop (or surge) show in the fast count before the next arrival is
+    // counted and moves the regime's start.
+    if (std::abs(fast - slow) > rate_jump * slow) return fast;
+    if (counted != nullptr) *counted = slow_count;
+    return slow;
   }
 
   // Rebuilds the cost table from the per-size means: a weighted least-squares line over
