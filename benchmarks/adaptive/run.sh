@@ -9,8 +9,8 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTAILBATCH_CUDA=OFF 
   -DTAILBATCH_BUILD_TESTS=OFF -DTAILBATCH_BUILD_EXAMPLES=OFF -DTAILBATCH_BUILD_BENCHMARKS=ON >/dev/null
 cmake --build "$build" --target adaptive_goals >/dev/null
 start=$(date +%s)
-"$build/benchmarks/adaptive_goals" docs/img/adaptive
-status=$?
+status=0
+"$build/benchmarks/adaptive_goals" docs/img/adaptive || status=$?
 echo
 echo "($(($(date +%s) - start)) s wall on this machine)"
 exit $status
