@@ -361,11 +361,14 @@ TEST_CASE("AdaptiveWindow: explains itself in metrics", "[adaptive][metrics]") {
 
 namespace {
 
+// Under the sanitizers (10x slower) the runs are shorter: 6 simulated seconds, not 12.
+constexpr std::chrono::seconds goal_duration = tailbatch::test::sanitizer_slowdown > 1 ? 6s : 12s;
+
 SimulationConfig profile(double rps, double base_ms, double per_item_ms, double network_ms, std::size_t lanes,
-                         std::chrono::seconds duration = 12s) {
+                         std::chrono::seconds duration = goal_duration) {
   SimulationConfig c;
   c.arrivals = LoadProfile::poisson(rps, duration);
-  c.warmup = 2s;
+  c.warmup = duration / 6;
   c.seed = 42;
   c.lanes = lanes;
   c.service_time = LinearCost{std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::milli>(base_ms)),
