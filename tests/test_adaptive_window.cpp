@@ -7,6 +7,7 @@
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/simulator.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -440,16 +441,17 @@ TEST_CASE("Goal, GPU-like and no-gain profiles: within 5 % of the best static wi
 // ---- on the real clock -----------------------------------------------------------------
 
 TEST_CASE("AdaptiveWindow on the real clock: lanes that really sleep teach it their cost", "[adaptive][threads]") {
-  // Three "lanes" run batches of sizes 1..8 of a model that sleeps 10 ms + 1 ms x b and
+  // Three "lanes" run batches of sizes 1..8 of a model that sleeps 20 ms + 2 ms x b and
   // report each as the Pipeline does (the time measured around the call), while a fourth
   // thread keeps asking decide(). A sleep overshoots by the machine's wake-up latency, so
-  // the model's true cost is what the sleeps really took: per size their mean, and beyond
-  // the sizes run the least-squares line through those means. No time is asserted: only
-  // that the model learned is that cost, within 10 %.
+  // the model's true cost is what the sleeps really took: per size their mean (how long a
+  // lane was held), made non-decreasing in size as a batch's cost is, and beyond the sizes
+  // run the least-squares line through those. No time is asserted: only that the model
+  // learned is that cost, within 10 %.
   const AdaptiveWindow policy(config(200ms, 32));
-  auto nominal = [](std::size_t b) { return 10ms + 1ms * static_cast<std::int64_t>(b); };
+  auto nominal = [](std::size_t b) { return 20ms + 2ms * static_cast<std::int64_t>(b); };
   std::mutex mu;
-  std::vector<double> took_sum(9, 0.0), took_n(9, 0.0);
+  std::vector<std::vector<double>> took_by_size(9);
   std::atomic<bool> done{false};
   std::thread asker([&] {
     std::vector<BatchCandidate> q;
@@ -462,17 +464,16 @@ TEST_CASE("AdaptiveWindow on the real clock: lanes that really sleep teach it th
   std::vector<std::thread> lanes;
   for (std::size_t lane = 0; lane < 3; ++lane) {
     lanes.emplace_back([&, lane] {
-      for (int k = 0; k < 4; ++k) {
+      for (int k = 0; k < 6; ++k) {
         for (std::size_t b = 1 + lane; b <= 8; b += 1) {
           const auto start = std::chrono::steady_clock::now();
           std::this_thread::sleep_for(nominal(b));
-          const auto took = std::chrono::steady_clock::now() - start;
+          const auto took_now = std::chrono::steady_clock::now() - start;
           {
             std::lock_guard lock(mu);
-            took_sum[b] += std::chrono::duration<double>(took).count();
-            took_n[b] += 1.0;
+            took_by_size[b].push_back(std::chrono::duration<double>(took_now).count());
           }
-          BatchFeedback f = feedback(b, took, start);
+          BatchFeedback f = feedback(b, took_now, start);
           f.lane = lane;
           policy.on_batch_executed(f);
         }
@@ -482,9 +483,13 @@ TEST_CASE("AdaptiveWindow on the real clock: lanes that really sleep teach it th
   for (auto& t : lanes) t.join();
   done = true;
   asker.join();
-  double sx = 0, sy = 0, sxx = 0, sxy = 0, n = 0;
+  double sx = 0, sy = 0, sxx = 0, sxy = 0, n = 0, floor = 0;
   for (std::size_t b = 1; b <= 8; ++b) {
-    const double mean = took_sum[b] / took_n[b];
+    const std::vector<double>& t = took_by_size[b];
+    double sum = 0;
+    for (double v : t) sum += v;
+    const double mean = std::max(floor, sum / static_cast<double>(t.size()));
+    floor = mean;
     INFO("size " << b);
     CHECK(policy.estimate_seconds(b) == Approx(mean).epsilon(0.1));
     const double x = static_cast<double>(b);

@@ -204,6 +204,11 @@ class AdaptiveState {
     const double x = std::chrono::duration<double>(f.model_time).count();
     std::lock_guard lock(mu_);
     SizeStat& s = sizes_[b];
+    if (s.weight > 0.0 && s.weight < 3.0 && x * outlier_ratio < s.mean) {
+      // Too few samples to trust, and this one is far lower: the first were a stall (a
+      // cold cache, a thread starting); start the size again from this one.
+      s.weight = 0.0;
+    }
     const double clipped = s.weight >= 3.0 ? std::min(x, outlier_ratio * s.mean) : x;
     s.weight = std::min(s.weight + 1.0, size_memory);
     s.mean += (clipped - s.mean) / s.weight;
