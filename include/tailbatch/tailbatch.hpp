@@ -20,6 +20,7 @@
 #include <tailbatch/littles_law.hpp>
 #include <tailbatch/autoscaler.hpp>
 #include <tailbatch/batch_window.hpp>
+#include <tailbatch/adaptive_window.hpp>
 #include <tailbatch/lanes.hpp>
 #include <tailbatch/pipeline.hpp>
 #include <tailbatch/token_streamer.hpp>

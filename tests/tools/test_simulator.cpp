@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <memory>
 
 #include "tailbatch_test.hpp"
 
@@ -234,4 +235,57 @@ TEST_CASE("Bad configuration throws std::invalid_argument naming the field", "[s
   tailbatch::TokenBudget::Config tc;
   tc.budget = 64;
   CHECK_THROWS_AS(tailbatch::simulate(c, tailbatch::TokenBudget(tc)), std::invalid_argument);  // no request_cost
+}
+
+namespace {
+
+// A FixedWindow that records what the simulator tells it: the lane state in each view, and
+// each executed batch (copies share the record, as a learning policy's copies share state).
+struct Recorded {
+  std::uint64_t views = 0, bad_lane_views = 0, feedbacks = 0, bad_feedbacks = 0, requests = 0;
+  std::size_t min_idle = 1000, max_idle = 0;
+};
+
+class RecordingPolicy {
+ public:
+  RecordingPolicy(std::size_t lanes, std::shared_ptr<Recorded> rec) : lanes_(lanes), rec_(std::move(rec)) {}
+  [[nodiscard]] std::size_t max_batch() const noexcept { return inner_.max_batch(); }
+  [[nodiscard]] tailbatch::BatchOrder order() const noexcept { return inner_.order(); }
+  [[nodiscard]] tailbatch::BatchDecision decide(const tailbatch::BatchView& v) const noexcept {
+    ++rec_->views;
+    if (v.lanes != lanes_ || v.idle_lanes > v.lanes) ++rec_->bad_lane_views;
+    rec_->min_idle = std::min(rec_->min_idle, v.idle_lanes);
+    rec_->max_idle = std::max(rec_->max_idle, v.idle_lanes);
+    return inner_.decide(v);
+  }
+  void on_batch_executed(const tailbatch::BatchFeedback& f) const noexcept {
+    ++rec_->feedbacks;
+    rec_->requests += f.size;
+    if (f.model_time != LinearCost{20ms, 3ms}(f.padded_size) || f.size < 1 || f.padded_size < f.size ||
+        f.lane >= lanes_ || f.failed)
+      ++rec_->bad_feedbacks;
+  }
+
+ private:
+  FixedWindow inner_{16, 8ms};
+  std::size_t lanes_;
+  std::shared_ptr<Recorded> rec_;
+};
+
+}  // namespace
+
+TEST_CASE("Views carry the simulated lanes' state; a learning policy hears of every executed batch",
+          "[simulator][adaptive]") {
+  SimulationConfig c = example1(300, 10s);
+  c.lanes = 3;
+  auto rec = std::make_shared<Recorded>();
+  static_assert(tailbatch::BatchFeedbackPolicy<RecordingPolicy>);
+  const auto r = tailbatch::simulate(c, RecordingPolicy(3, rec));
+  CHECK(rec->views > 0);
+  CHECK(rec->bad_lane_views == 0);
+  CHECK(rec->min_idle >= 1);  // it decides when a lane can take the batch
+  CHECK(rec->max_idle == 3);  // and sees all three idle at times
+  CHECK(rec->feedbacks == r.batches);
+  CHECK(rec->bad_feedbacks == 0);
+  CHECK(rec->requests == r.arrivals + r.warmup_arrivals);
 }

@@ -10,10 +10,21 @@
 //   tailbatch-load --max-batch 1 --window-ms 0 --sweep 20,40,80  batching off
 //   tailbatch-load --sweep 100,200,300,400 --simulate           the same, predicted by the
 //                                                              simulator in milliseconds
+//   tailbatch-load --simulate --policy adaptive --slo-p95-ms 150 --max-batch 64 --rate 450
+//                                                              the SLO-aimed AdaptiveWindow
+//   tailbatch-load --simulate --policy best-static --rate 450   the best FixedWindow of a grid
 //
-// Prints the results as a table and writes SVG plots to --out (paths printed last).
+// Policies: fixed (FixedWindow(--max-batch, --window-ms)), adaptive (AdaptiveWindow with
+// --slo-p95-ms as its target and --max-batch as its hard cap), best-static (simulation
+// only: every window of {0, 0.5, 1, 2, 3, 5, 8, 10, 15, 20} ms with every max batch of
+// {1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64} up to --max-batch, simulated on the same
+// arrivals; the one with the lowest p95 is reported).
+//
+// Prints the results as a table and writes SVG plots to --out (paths printed last), or,
+// with --json, one JSON object per run on stdout (a line each; paths then go to stderr).
 // Progress lines go to stderr (--quiet turns them off). Exit status: 0 on success, 1 for
 // bad arguments (with a message saying which), 2 if writing the plots failed.
+#include <tailbatch/adaptive_window.hpp>
 #include <tailbatch/concurrency_limiter.hpp>
 #include <tailbatch/tools/load_generator.hpp>
 #include <tailbatch/pipeline.hpp>
@@ -24,12 +35,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 namespace {
@@ -53,7 +66,91 @@ struct Options {
   std::uint64_t seed = 42;
   bool quiet = false;
   bool simulate = false;
+  std::string policy = "fixed";
+  double network_ms = 0.0;
+  bool json = false;
 };
+
+// The batch policy a run uses, chosen at run time: a FixedWindow or an AdaptiveWindow
+// behind one type, so that one Pipeline instantiation serves both. Forwards feedback to
+// the adaptive window. Copies share an AdaptiveWindow's learned state.
+class AnyPolicy {
+ public:
+  explicit AnyPolicy(tailbatch::FixedWindow f) : p_(std::move(f)) {}
+  explicit AnyPolicy(tailbatch::AdaptiveWindow a) : p_(std::move(a)) {}
+  [[nodiscard]] std::size_t max_batch() const noexcept {
+    return std::visit([](const auto& p) { return p.max_batch(); }, p_);
+  }
+  [[nodiscard]] tailbatch::BatchOrder order() const noexcept { return tailbatch::BatchOrder::fifo; }
+  [[nodiscard]] tailbatch::BatchDecision decide(const tailbatch::BatchView& v) const noexcept {
+    return std::visit([&](const auto& p) { return p.decide(v); }, p_);
+  }
+  void on_batch_executed(const tailbatch::BatchFeedback& f) const noexcept {
+    if (const auto* a = std::get_if<tailbatch::AdaptiveWindow>(&p_)) a->on_batch_executed(f);
+  }
+
+ private:
+  std::variant<tailbatch::FixedWindow, tailbatch::AdaptiveWindow> p_;
+};
+static_assert(tailbatch::BatchFeedbackPolicy<AnyPolicy>);
+
+// One run's figures: a JSON object, a line of the --json output.
+struct RunRecord {
+  std::string mode;  // "simulate" or "live"
+  std::string policy;
+  double offered_rps = 0, achieved_rps = 0, p50_ms = 0, p95_ms = 0, p99_ms = 0, mean_batch = 0;
+  std::uint64_t errors = 0;
+  double window_ms = -1;  // fixed and best-static only
+  std::size_t max_batch = 0;
+};
+
+std::string to_json(const RunRecord& r) {
+  std::string out = fmt::format(
+      "{{\"mode\": \"{}\", \"policy\": \"{}\", \"offered_rps\": {:.3f}, \"achieved_rps\": {:.3f}, "
+      "\"p50_ms\": {:.3f}, \"p95_ms\": {:.3f}, \"p99_ms\": {:.3f}, \"mean_batch\": {:.3f}, \"errors\": {}",
+      r.mode, r.policy, r.offered_rps, r.achieved_rps, r.p50_ms, r.p95_ms, r.p99_ms, r.mean_batch, r.errors);
+  if (r.policy != "adaptive") out += fmt::format(", \"window_ms\": {}, \"max_batch\": {}", r.window_ms, r.max_batch);
+  return out + "}";
+}
+
+// A CLI11 check: a finite number, > lo (strict) or >= lo. Says "not a number" for what
+// does not parse, and the bound for what is out of range.
+CLI::Validator number_check(double lo, bool strict) {
+  return CLI::Validator(
+      [lo, strict](std::string& text) -> std::string {
+        double v = 0.0;
+        std::size_t used = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size() || !std::isfinite(v)) return "\"" + text + "\" is not a number";
+        if (strict ? !(v > lo) : !(v >= lo)) return fmt::format("must be {} {}, got {}", strict ? ">" : ">=", lo, text);
+        return {};
+      },
+      strict ? "NUMBER > 0" : "NUMBER >= 0");
+}
+
+// A CLI11 check: a whole number in [lo, hi].
+CLI::Validator count_check(long long lo, long long hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        long long v = 0;
+        std::size_t used = 0;
+        try {
+          v = std::stoll(text, &used);
+        } catch (const std::out_of_range&) {
+          return fmt::format("must be in [{}, {}], got {}", lo, hi, text);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size()) return "\"" + text + "\" is not a whole number";
+        if (v < lo || v > hi) return fmt::format("must be in [{}, {}], got {}", lo, hi, text);
+        return {};
+      },
+      fmt::format("INTEGER in [{}, {}]", lo, hi));
+}
 
 struct Request {
   std::uint64_t id = 0;
@@ -66,6 +163,8 @@ nanoseconds from_ms(double v) { return duration_cast<nanoseconds>(duration<doubl
 nanoseconds from_s(double v) { return duration_cast<nanoseconds>(duration<double>(v)); }
 
 tailbatch::LoadProfile parse_steps(const std::string& text, tailbatch::ArrivalProcess process) {
+  if (text.find_first_not_of(" \t") == std::string::npos)
+    throw std::invalid_argument("--steps: empty; give RATE:SECONDS phases, as in 100:5,400:3");
   std::vector<tailbatch::LoadPhase> phases;
   std::size_t pos = 0;
   while (pos < text.size()) {
@@ -84,18 +183,76 @@ tailbatch::LoadProfile parse_steps(const std::string& text, tailbatch::ArrivalPr
     } catch (const std::exception&) {
       throw std::invalid_argument("--steps: cannot read \"" + item + "\": expected RATE:SECONDS, as in 100:5");
     }
+    if (!std::isfinite(rate) || rate < 0.0 || !std::isfinite(secs) || secs <= 0.0 || secs > 1e6)
+      throw std::invalid_argument("--steps: \"" + item + "\": RATE must be >= 0 and SECONDS in (0, 1e6]");
     phases.push_back({from_s(secs), rate});
     pos = end + 1;
   }
   return tailbatch::LoadProfile::steps(process, std::move(phases));
 }
 
-std::string subtitle(const Options& o) {
-  return fmt::format("synthetic model L(b) = {} ms + {} ms x (b-1); {} lanes; max_batch {}, window {} ms{}; {} arrivals",
-                     o.base_ms, o.per_item_ms, o.lanes, o.max_batch, o.window_ms,
-                     o.max_in_flight ? fmt::format("; max in-flight {}", o.max_in_flight) : std::string(),
-                     o.arrivals);
+std::string policy_text(const Options& o) {
+  if (o.policy == "adaptive") return fmt::format("adaptive window, p95 target {} ms, max_batch {}", o.slo_p95_ms, o.max_batch);
+  if (o.policy == "best-static") return fmt::format("best static window (grid search), max_batch <= {}", o.max_batch);
+  return fmt::format("max_batch {}, window {} ms", o.max_batch, o.window_ms);
 }
+
+std::string subtitle(const Options& o) {
+  return fmt::format("synthetic model L(b) = {} ms + {} ms x (b-1); {} lanes; {}{}{}; {} arrivals", o.base_ms,
+                     o.per_item_ms, o.lanes, policy_text(o),
+                     o.max_in_flight ? fmt::format("; max in-flight {}", o.max_in_flight) : std::string(),
+                     o.network_ms > 0 ? fmt::format("; network {} ms", o.network_ms) : std::string(), o.arrivals);
+}
+
+AnyPolicy make_policy(const Options& o, std::size_t max_batch, double window_ms) {
+  if (o.policy == "adaptive") {
+    tailbatch::AdaptiveWindowConfig c;
+    c.slo_p95 = from_ms(o.slo_p95_ms);
+    c.max_batch = max_batch;
+    return AnyPolicy(tailbatch::AdaptiveWindow(c));
+  }
+  return AnyPolicy(tailbatch::FixedWindow(max_batch, from_ms(window_ms)));
+}
+
+double ms_of(nanoseconds d) { return duration<double, std::milli>(d).count(); }
+
+RunRecord record_of(const tailbatch::SimulationResult& s, const std::string& policy, double window_ms,
+                    std::size_t max_batch) {
+  RunRecord r;
+  r.mode = "simulate";
+  r.policy = policy;
+  r.offered_rps = s.offered_rps;
+  r.achieved_rps = s.throughput_rps;
+  r.p50_ms = ms_of(s.p50);
+  r.p95_ms = ms_of(s.p95);
+  r.p99_ms = ms_of(s.p99);
+  r.mean_batch = s.mean_batch_size;
+  r.errors = s.arrivals - s.ok;
+  r.window_ms = window_ms;
+  r.max_batch = max_batch;
+  return r;
+}
+
+RunRecord record_of(const tailbatch::LoadResult& l, const std::string& policy, double window_ms,
+                    std::size_t max_batch, double mean_batch) {
+  RunRecord r;
+  r.mode = "live";
+  r.policy = policy;
+  r.offered_rps = l.offered_rps;
+  r.achieved_rps = l.throughput_rps;
+  r.p50_ms = ms_of(l.p50);
+  r.p95_ms = ms_of(l.p95);
+  r.p99_ms = ms_of(l.p99);
+  r.mean_batch = mean_batch;
+  r.errors = l.failed + l.timed_out + l.dropped;
+  r.window_ms = window_ms;
+  r.max_batch = max_batch;
+  return r;
+}
+
+// The grid best-static searches.
+constexpr double static_windows_ms[] = {0, 0.5, 1, 2, 3, 5, 8, 10, 15, 20};
+constexpr std::size_t static_batches[] = {1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64};
 
 // The simulator's answer in the load generator's terms, so that tables and plots are shared.
 tailbatch::LoadResult as_load_result(const tailbatch::SimulationResult& s) {
@@ -121,21 +278,45 @@ tailbatch::LoadResult as_load_result(const tailbatch::SimulationResult& s) {
 int run_simulated(const Options& o) {
   const auto process = o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant
                                                 : tailbatch::ArrivalProcess::poisson;
-  auto simulate_at = [&](const tailbatch::LoadProfile& profile, nanoseconds warmup) {
+  auto simulate_with = [&](const tailbatch::LoadProfile& profile, nanoseconds warmup, std::size_t max_batch,
+                           double window_ms) {
     tailbatch::SimulationConfig c;
     c.arrivals = profile;
     c.warmup = warmup;
     c.seed = o.seed;
     c.lanes = o.lanes;
     c.service_time = tailbatch::LinearCost{from_ms(o.base_ms), from_ms(o.per_item_ms)};
+    c.network = from_ms(o.network_ms);
     c.queue_capacity = o.queue_capacity;
-    tailbatch::FixedWindow policy(o.max_batch, from_ms(o.window_ms));
+    const AnyPolicy policy = make_policy(o, max_batch, window_ms);
     if (o.max_in_flight > 0) {
       tailbatch::ConcurrencyLimiter<tailbatch::StaticLimit, tailbatch::ManualClock> limiter(
           tailbatch::StaticLimit(static_cast<std::uint32_t>(o.max_in_flight)), {}, c.clock);
       return tailbatch::simulate(c, policy, limiter);
     }
     return tailbatch::simulate(c, policy);
+  };
+  // One run of the chosen policy; best-static runs the grid on the same arrivals and keeps
+  // the lowest p95 among the configurations that completed every request (or, if none
+  // did, among those with the fewest errors).
+  auto run_at = [&](const tailbatch::LoadProfile& profile, nanoseconds warmup) {
+    if (o.policy != "best-static") {
+      auto sim = simulate_with(profile, warmup, o.max_batch, o.window_ms);
+      return std::pair{sim, record_of(sim, o.policy, o.window_ms, o.max_batch)};
+    }
+    std::optional<std::pair<tailbatch::SimulationResult, RunRecord>> best;
+    for (const double w : static_windows_ms) {
+      for (const std::size_t b : static_batches) {
+        if (b > o.max_batch) continue;
+        auto sim = simulate_with(profile, warmup, b, w);
+        const std::uint64_t errors = sim.arrivals - sim.ok;
+        if (!best || errors < best->second.errors ||
+            (errors == best->second.errors && sim.p95 < best->first.p95)) {
+          best.emplace(sim, record_of(sim, "best-static", w, b));
+        }
+      }
+    }
+    return *best;
   };
   std::filesystem::create_directories(o.out);
   const std::string sub = "simulated: " + subtitle(o);
@@ -147,18 +328,20 @@ int run_simulated(const Options& o) {
     std::sort(rates.begin(), rates.end());
     bool all_ok = true;
     for (std::size_t i = 0; i < rates.size(); ++i) {
-      const auto sim = simulate_at(tailbatch::LoadProfile::steady(process, rates[i], from_s(o.duration_s)),
-                                   from_s(o.warmup_s));
+      const auto [sim, rec] = run_at(tailbatch::LoadProfile::steady(process, rates[i], from_s(o.duration_s)),
+                                     from_s(o.warmup_s));
+      if (o.json) fmt::print("{}\n", to_json(rec));
       tailbatch::SweepPoint p;
       p.offered_rps = rates[i];
       p.result = as_load_result(sim);
       p.verdict = tailbatch::detail::sweep_verdict(p.result, o.slo_p95_ms, 0.01, p.meets_slo);
       p.verdict += fmt::format(" (mean batch {:.1f})", sim.mean_batch_size);
+      if (o.policy == "best-static") p.verdict += fmt::format(" [window {} ms, max_batch {}]", rec.window_ms, rec.max_batch);
       sweep.points.push_back(std::move(p));
       if (sweep.points.back().meets_slo && all_ok) sweep.saturation = i;
       if (!sweep.points.back().meets_slo) all_ok = false;
     }
-    fmt::print("{}\n\n{}", sub, tailbatch::format_sweep_table(sweep));
+    if (!o.json) fmt::print("{}\n\n{}", sub, tailbatch::format_sweep_table(sweep));
     const std::string lat = (std::filesystem::path(o.out) / "latency_vs_load.svg").string();
     tailbatch::write_svg(lat, tailbatch::latency_vs_load_plot(sweep, "Latency vs offered load (simulated)", sub));
     written.push_back(lat);
@@ -166,16 +349,25 @@ int run_simulated(const Options& o) {
     const auto profile = o.steps.empty() ? tailbatch::LoadProfile::steady(process, o.rate, from_s(o.duration_s))
                                          : parse_steps(o.steps, process);
     const auto warmup = from_s(o.warmup_s) < profile.duration() ? from_s(o.warmup_s) : nanoseconds(0);
-    const auto sim = simulate_at(profile, warmup);
-    fmt::print("{}\n\n{}", sub, tailbatch::format_load_result(as_load_result(sim)));
-    fmt::print("mean batch {:.1f}; lanes busy {:.0f} % of the time; {:.1f} requests in flight on average (at most {})\n",
-               sim.mean_batch_size, sim.lane_utilization * 100.0, sim.mean_in_flight, sim.max_in_flight);
-    fmt::print("p95 {} the SLO of {} ms\n",
-               duration<double, std::milli>(sim.p95).count() <= o.slo_p95_ms ? "meets" : "misses", o.slo_p95_ms);
+    const auto [sim, rec] = run_at(profile, warmup);
+    if (o.json) {
+      fmt::print("{}\n", to_json(rec));
+    } else {
+      fmt::print("{}\n\n{}", sub, tailbatch::format_load_result(as_load_result(sim)));
+      if (o.policy == "best-static")
+        fmt::print("best static: window {} ms, max_batch {} (lowest p95 of the grid)\n", rec.window_ms, rec.max_batch);
+      fmt::print("mean batch {:.1f}; lanes busy {:.0f} % of the time; {:.1f} requests in flight on average (at most {})\n",
+                 sim.mean_batch_size, sim.lane_utilization * 100.0, sim.mean_in_flight, sim.max_in_flight);
+      fmt::print("p95 {} the SLO of {} ms\n", ms_of(sim.p95) <= o.slo_p95_ms ? "meets" : "misses", o.slo_p95_ms);
+    }
   }
   if (!written.empty()) {
-    fmt::print("\nplots:\n");
-    for (const auto& w : written) fmt::print("  {}\n", w);
+    if (o.json) {
+      for (const auto& w : written) fmt::print(stderr, "plot: {}\n", w);
+    } else {
+      fmt::print("\nplots:\n");
+      for (const auto& w : written) fmt::print("  {}\n", w);
+    }
   }
   return 0;
 }
@@ -194,21 +386,42 @@ int run(const Options& o, PipelineT& pipeline) {
     // A line a second; at least two per run on short runs.
     base.progress_interval = std::min<nanoseconds>(seconds(1), from_s(o.duration_s / 2.0));
   }
+  // Requests per batch over one run, from the Pipeline's counters (warm-up included).
+  auto mean_batch_since = [&](const tailbatch::PipelineStats& before) {
+    const tailbatch::PipelineStats now = pipeline.stats();
+    const std::uint64_t batches = now.batches() - before.batches();
+    return batches ? static_cast<double>(now.batched_requests - before.batched_requests) / static_cast<double>(batches)
+                   : 0.0;
+  };
   std::filesystem::create_directories(o.out);
   std::vector<std::string> written;
 
   if (!o.sweep.empty()) {
-    tailbatch::SweepOptions s;
-    s.rates = o.sweep;
-    s.process = process;
-    s.step_duration = from_s(o.duration_s);
-    s.warmup = from_s(o.warmup_s);
-    s.slo_p95_ms = o.slo_p95_ms;
-    s.stop_after_failures = 1;
-    s.pause = milliseconds(200);
-    s.base = base;
-    auto sweep = tailbatch::run_sweep(s, target);
-    fmt::print("{}\n\n{}", subtitle(o), tailbatch::format_sweep_table(sweep));
+    // One rate at a time, as run_sweep runs them (ascending, the seed plus the rate's index,
+    // stopping after the first rate that fails, a pause between), so that each rate's
+    // batches are counted on their own.
+    tailbatch::SweepResult sweep;
+    sweep.slo_p95_ms = o.slo_p95_ms;
+    std::vector<double> rates = o.sweep;
+    std::sort(rates.begin(), rates.end());
+    for (std::size_t i = 0; i < rates.size(); ++i) {
+      tailbatch::LoadOptions one = base;
+      one.profile = tailbatch::LoadProfile::steady(process, rates[i], from_s(o.duration_s));
+      one.seed = o.seed + i;
+      one.label = fmt::format("load {:.0f} rps {}/{}", rates[i], i + 1, rates.size());
+      const tailbatch::PipelineStats before = pipeline.stats();
+      tailbatch::SweepPoint p;
+      p.offered_rps = rates[i];
+      p.result = tailbatch::run_load(one, target);
+      p.verdict = tailbatch::detail::sweep_verdict(p.result, o.slo_p95_ms, 0.01, p.meets_slo);
+      if (o.json) fmt::print("{}\n", to_json(record_of(p.result, o.policy, o.window_ms, o.max_batch, mean_batch_since(before))));
+      const bool met = p.meets_slo;
+      sweep.points.push_back(std::move(p));
+      if (met && (i == 0 || sweep.saturation == i - 1)) sweep.saturation = i;
+      if (!met) break;
+      if (i + 1 < rates.size()) std::this_thread::sleep_for(milliseconds(200));
+    }
+    if (!o.json) fmt::print("{}\n\n{}", subtitle(o), tailbatch::format_sweep_table(sweep));
     const std::string lat = (std::filesystem::path(o.out) / "latency_vs_load.svg").string();
     tailbatch::write_svg(lat, tailbatch::latency_vs_load_plot(sweep, "Latency vs offered load", subtitle(o)));
     written.push_back(lat);
@@ -229,16 +442,24 @@ int run(const Options& o, PipelineT& pipeline) {
     one.profile = o.steps.empty() ? tailbatch::LoadProfile::steady(process, o.rate, from_s(o.duration_s))
                                   : parse_steps(o.steps, process);
     if (one.warmup >= one.profile.duration()) one.warmup = nanoseconds(0);
+    const tailbatch::PipelineStats before = pipeline.stats();
     auto r = tailbatch::run_load(one, target);
-    fmt::print("{}\n\n{}", subtitle(o), tailbatch::format_load_result(r));
-    fmt::print("p95 {} the SLO of {} ms\n", duration<double, std::milli>(r.p95).count() <= o.slo_p95_ms ? "meets" : "misses",
-               o.slo_p95_ms);
+    if (o.json) {
+      fmt::print("{}\n", to_json(record_of(r, o.policy, o.window_ms, o.max_batch, mean_batch_since(before))));
+    } else {
+      fmt::print("{}\n\n{}", subtitle(o), tailbatch::format_load_result(r));
+      fmt::print("p95 {} the SLO of {} ms\n", ms_of(r.p95) <= o.slo_p95_ms ? "meets" : "misses", o.slo_p95_ms);
+    }
     const std::string over = (std::filesystem::path(o.out) / "p95_over_time.svg").string();
     tailbatch::write_svg(over, tailbatch::latency_over_time_plot(r, o.slo_p95_ms, "Latency over time", subtitle(o)));
     written.push_back(over);
   }
-  fmt::print("\nplots:\n");
-  for (const auto& w : written) fmt::print("  {}\n", w);
+  if (o.json) {
+    for (const auto& w : written) fmt::print(stderr, "plot: {}\n", w);
+  } else {
+    fmt::print("\nplots:\n");
+    for (const auto& w : written) fmt::print("  {}\n", w);
+  }
   return 0;
 }
 
@@ -249,23 +470,35 @@ int main(int argc, char** argv) {
       "tailbatch-load: open-loop load (Poisson or constant arrivals) against a synthetic model "
       "behind a tailbatch Pipeline; latency from each request's intended send time."};
   Options o;
-  app.add_option("--base-ms", o.base_ms, "model time for a batch of 1, ms")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--per-item-ms", o.per_item_ms, "model time per extra item, ms")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--lanes", o.lanes, "lanes (streams) running batches at once")->capture_default_str()->check(CLI::Range(1, 64));
-  app.add_option("--max-batch", o.max_batch, "FixedWindow max_batch (1: batching off)")->capture_default_str()->check(CLI::Range(1, 4096));
-  app.add_option("--window-ms", o.window_ms, "FixedWindow max_wait, ms")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--max-in-flight", o.max_in_flight, "static concurrency cap (0: none)")->capture_default_str();
-  app.add_option("--queue", o.queue_capacity, "the Pipeline's queue capacity")->capture_default_str()->check(CLI::PositiveNumber);
+  const CLI::Validator positive = number_check(0.0, true);
+  const CLI::Validator non_negative = number_check(0.0, false);
+  app.add_option("--base-ms", o.base_ms, "model time for a batch of 1, ms")->capture_default_str()->check(positive);
+  app.add_option("--per-item-ms", o.per_item_ms, "model time per extra item, ms")->capture_default_str()->check(non_negative);
+  app.add_option("--lanes", o.lanes, "lanes (streams) running batches at once")->capture_default_str()->check(count_check(1, 64));
+  app.add_option("--max-batch", o.max_batch,
+                 "max_batch (fixed), hard cap (adaptive), largest size searched (best-static); 1: batching off")
+      ->capture_default_str()
+      ->check(count_check(1, 4096));
+  app.add_option("--window-ms", o.window_ms, "FixedWindow max_wait, ms (policy fixed)")->capture_default_str()->check(non_negative);
+  app.add_option("--policy", o.policy, "batch policy: fixed, adaptive, or best-static (with --simulate)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fixed", "adaptive", "best-static"}));
+  app.add_option("--network-ms", o.network_ms, "fixed delay added to every request's latency, holding no lane (--simulate)")
+      ->capture_default_str()
+      ->check(non_negative);
+  app.add_option("--max-in-flight", o.max_in_flight, "static concurrency cap (0: none)")->capture_default_str()->check(count_check(0, 1000000));
+  app.add_option("--queue", o.queue_capacity, "the Pipeline's queue capacity")->capture_default_str()->check(count_check(1, 100000000));
   app.add_option("--arrivals", o.arrivals, "arrival process")->capture_default_str()->check(CLI::IsMember({"poisson", "constant"}));
-  auto* rate = app.add_option("--rate", o.rate, "one run at this offered rate, requests/s")->check(CLI::PositiveNumber);
-  auto* sweep = app.add_option("--sweep", o.sweep, "a QPS sweep over these rates, e.g. 100,200,300")->delimiter(',')->check(CLI::PositiveNumber);
+  auto* rate = app.add_option("--rate", o.rate, "one run at this offered rate, requests/s")->check(positive);
+  auto* sweep = app.add_option("--sweep", o.sweep, "a QPS sweep over these rates, e.g. 100,200,300")->delimiter(',')->check(positive);
   auto* steps = app.add_option("--steps", o.steps, "one run of rate phases RATE:SECONDS,..., e.g. 100:5,400:3,100:5");
-  app.add_option("--duration", o.duration_s, "seconds per run (per sweep rate), warm-up included")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--warmup", o.warmup_s, "seconds of warm-up not counted")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--slo-p95-ms", o.slo_p95_ms, "p95 SLO, ms")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--duration", o.duration_s, "seconds per run (per sweep rate), warm-up included")->capture_default_str()->check(positive);
+  app.add_option("--warmup", o.warmup_s, "seconds of warm-up not counted")->capture_default_str()->check(non_negative);
+  app.add_option("--slo-p95-ms", o.slo_p95_ms, "p95 SLO, ms (and the adaptive policy's target)")->capture_default_str()->check(positive);
   app.add_option("--out", o.out, "directory for the SVG plots")->capture_default_str();
   app.add_option("--seed", o.seed, "arrival seed")->capture_default_str();
   app.add_flag("--quiet", o.quiet, "no progress lines on stderr");
+  app.add_flag("--json", o.json, "one JSON object per run on stdout instead of the tables");
   app.add_flag("--simulate", o.simulate,
                "predict instead of measuring: the same Pipeline and window, simulated on a modelled clock");
   rate->excludes(sweep)->excludes(steps);
@@ -281,6 +514,18 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "tailbatch-load: error: give --rate, --sweep or --steps\nRun with --help for more information.\n");
     return 1;
   }
+  if (o.policy == "best-static" && !o.simulate) {
+    fmt::print(stderr, "tailbatch-load: error: --policy best-static searches by simulation: add --simulate\n");
+    return 1;
+  }
+  if (o.network_ms > 0 && !o.simulate) {
+    fmt::print(stderr, "tailbatch-load: error: --network-ms is modelled by the simulator only: add --simulate\n");
+    return 1;
+  }
+  if (*steps && o.steps.find_first_not_of(" \t") == std::string::npos) {
+    fmt::print(stderr, "tailbatch-load: error: --steps: empty; give RATE:SECONDS phases, as in 100:5,400:3\n");
+    return 1;
+  }
   if (o.warmup_s >= o.duration_s && (*rate || *sweep)) {
     fmt::print(stderr, "tailbatch-load: error: --warmup ({} s) must be shorter than --duration ({} s)\n", o.warmup_s,
                o.duration_s);
@@ -294,20 +539,19 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(cost(reqs.size()));
       for (std::size_t i = 0; i < reqs.size(); ++i) resps[i].id = reqs[i].id;
     };
-    tailbatch::FixedWindow policy(o.max_batch, from_ms(o.window_ms));
+    const AnyPolicy policy = make_policy(o, o.max_batch, o.window_ms);
     tailbatch::PipelineConfig<Request> pc;
     pc.queue_capacity = o.queue_capacity;
     tailbatch::HostLanes lanes(o.lanes);
     if (o.max_in_flight > 0) {
       tailbatch::ConcurrencyLimiter<tailbatch::StaticLimit> limiter{
           tailbatch::StaticLimit(static_cast<std::uint32_t>(o.max_in_flight))};
-      tailbatch::Pipeline<Request, Response, tailbatch::FixedWindow, tailbatch::HostLanes,
+      tailbatch::Pipeline<Request, Response, AnyPolicy, tailbatch::HostLanes,
                           tailbatch::ConcurrencyLimiter<tailbatch::StaticLimit>>
           pipeline(model, policy, pc, lanes, limiter);
       return run(o, pipeline);
     }
-    tailbatch::Pipeline<Request, Response, tailbatch::FixedWindow, tailbatch::HostLanes> pipeline(model, policy, pc,
-                                                                                                  lanes);
+    tailbatch::Pipeline<Request, Response, AnyPolicy, tailbatch::HostLanes> pipeline(model, policy, pc, lanes);
     return run(o, pipeline);
   } catch (const std::invalid_argument& e) {
     fmt::print(stderr, "tailbatch-load: error: {}\n", e.what());

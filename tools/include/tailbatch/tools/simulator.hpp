@@ -13,6 +13,11 @@
 //   * the lanes: `lanes` lanes (GPU streams, workers), each running one batch at a time;
 //   * the network: a fixed delay added to every request's latency, holding no lane.
 //
+// Each view the policy decides on carries the simulated lanes' state (BatchView::idle_lanes
+// and lanes), and a policy that learns (BatchFeedbackPolicy, e.g. AdaptiveWindow) is told
+// of every executed batch with its modelled lane time, so it learns in simulation as it
+// would on real lanes.
+//
 // Requests arrive by a LoadProfile (Poisson or constant, steady, stepped or spiking), the
 // same ArrivalSchedule the load generator uses. Latency runs from a request's arrival to
 // the end of its batch plus the network delay. Because the admission policy sees each
@@ -187,6 +192,11 @@ class SimLanes {
   // Simulated time does not pass while waiting: the same as try_acquire().
   [[nodiscard]] std::optional<Lease> acquire_for(std::chrono::nanoseconds) noexcept { return try_acquire(); }
 
+  // Lanes not running a batch at `now` (a leased lane about to run one counts as idle).
+  [[nodiscard]] std::size_t idle_count(BatchTime now) const noexcept {
+    return static_cast<std::size_t>(
+        std::count_if(lanes_.begin(), lanes_.end(), [&](const SimLane& l) { return l.busy_until <= now; }));
+  }
   [[nodiscard]] bool any_idle(BatchTime now) const noexcept {
     return std::any_of(lanes_.begin(), lanes_.end(), [&](const SimLane& l) { return l.busy_until <= now; });
   }
@@ -286,6 +296,51 @@ class SimAdmission {
   SimShared<typename A::Ticket>* shared_;
 };
 
+// The policy as the simulated Pipeline sees it: the user's policy, with each view told
+// how many simulated lanes are idle (BatchView::idle_lanes, lanes). Its own optional
+// members are forwarded; feedback (on_batch_executed) is not: the simulator reports each
+// executed batch itself, with its modelled time, from the model call.
+template <BatchPolicy Policy>
+class SimPolicy {
+ public:
+  static constexpr bool uses_cost = policy_uses_cost<Policy>();
+
+  SimPolicy(Policy p, const SimLanes* lanes) : inner_(std::move(p)), lanes_(lanes) {}
+
+  [[nodiscard]] std::size_t max_batch() const noexcept { return inner_.max_batch(); }
+  [[nodiscard]] BatchOrder order() const noexcept { return inner_.order(); }
+  [[nodiscard]] BatchDecision decide(const BatchView& v) const noexcept {
+    BatchView w = v;
+    w.lanes = lanes_->size();
+    w.idle_lanes = lanes_->idle_count(v.now);
+    return inner_.decide(w);
+  }
+  [[nodiscard]] std::size_t max_cost() const noexcept
+    requires CostLimitedBatchPolicy<Policy>
+  {
+    return inner_.max_cost();
+  }
+  [[nodiscard]] std::size_t bucket_count() const noexcept
+    requires BucketedBatchPolicy<Policy>
+  {
+    return inner_.bucket_count();
+  }
+  [[nodiscard]] std::size_t bucket_of(std::size_t cost) const noexcept
+    requires BucketedBatchPolicy<Policy>
+  {
+    return inner_.bucket_of(cost);
+  }
+  [[nodiscard]] bool may_pad() const noexcept
+    requires requires(const Policy& p) { { p.may_pad() } -> std::convertible_to<bool>; }
+  {
+    return inner_.may_pad();
+  }
+
+ private:
+  Policy inner_;
+  const SimLanes* lanes_;
+};
+
 }  // namespace detail
 
 // Runs the simulation: the arrivals of config.arrivals through a Pipeline with `policy`
@@ -328,11 +383,14 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
   nanoseconds busy{0};
   std::uint64_t real_in_batches = 0;
 
+  // A copy that shares a learning policy's state: the model call reports to it.
+  [[maybe_unused]] const Policy feedback = policy;
   auto model = [&](std::span<const detail::SimRequest> reqs, std::span<detail::SimResponse> resps,
                    detail::SimLane& lane) {
     const std::size_t b = reqs.size();
     const auto service = duration_cast<nanoseconds>(config.service_time(b)) + config.lane_overhead;
-    const BatchTime finish = clock.now() + std::max(service, nanoseconds::zero());
+    const BatchTime started = clock.now();
+    const BatchTime finish = started + std::max(service, nanoseconds::zero());
     lane.busy_until = finish;
     busy += finish - clock.now();
     shared.current_finish = finish;
@@ -343,6 +401,15 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
     std::size_t real = b;
     while (real > 1 && reqs[real - 1].index == reqs[real - 2].index) --real;
     real_in_batches += real;
+    if constexpr (BatchFeedbackPolicy<Policy>) {
+      BatchFeedback f;
+      f.size = real;
+      f.padded_size = b;
+      f.model_time = std::max(service, nanoseconds::zero());
+      f.lane = lane.index;
+      f.started = started;
+      feedback.on_batch_executed(f);
+    }
   };
 
   PipelineConfig<detail::SimRequest> pc;
@@ -351,9 +418,9 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
   if constexpr (detail::policy_uses_cost<Policy>()) {
     pc.request_cost = [&](const detail::SimRequest& q) { return config.request_cost(q.index); };
   }
-  using P = Pipeline<detail::SimRequest, detail::SimResponse, Policy, detail::SimLanes,
+  using P = Pipeline<detail::SimRequest, detail::SimResponse, detail::SimPolicy<Policy>, detail::SimLanes,
                      detail::SimAdmission<Admission>, ManualClock>;
-  P pipeline(model, std::move(policy), std::move(pc), lanes, adm, clock);
+  P pipeline(model, detail::SimPolicy<Policy>(std::move(policy), &lanes), std::move(pc), lanes, adm, clock);
 
   // In-flight integral (admitted, not yet finished) over the measured window.
   double in_flight_area = 0.0;  // request-seconds

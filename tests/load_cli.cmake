@@ -1,0 +1,80 @@
+# ctests that run tailbatch-load as a user would: bad numbers and empty profiles give a
+# clear message and a non-zero exit, and --json prints one object per run with the
+# contract's fields in every mode. The tool is an example, so these exist only when
+# examples are built. (tests/cli.cmake holds the other tool's tests.)
+if(NOT TAILBATCH_BUILD_EXAMPLES)
+  return()
+endif()
+
+# tailbatch_load_cli_test(NAME RC rc ARGS a b c EXPECT re re [FORBID re])
+function(tailbatch_load_cli_test name)
+  cmake_parse_arguments(T "" "RC" "ARGS;EXPECT;FORBID" ${ARGN})
+  list(JOIN T_ARGS "@@" _args)
+  list(JOIN T_EXPECT "@@" _expect)
+  set(_defs -DCOMMAND=$<TARGET_FILE:tailbatch-load>@@${_args} -DEXPECT_RC=${T_RC} -DEXPECT=${_expect}
+            -DWORKDIR=${CMAKE_CURRENT_BINARY_DIR}/cli_${name})
+  if(T_FORBID)
+    list(JOIN T_FORBID "@@" _forbid)
+    list(APPEND _defs -DFORBID=${_forbid})
+  endif()
+  add_test(NAME cli_${name} COMMAND ${CMAKE_COMMAND} ${_defs} -P ${CMAKE_CURRENT_SOURCE_DIR}/cli/expect.cmake)
+  set_tests_properties(cli_${name} PROPERTIES LABELS cli TIMEOUT 120)
+endfunction()
+
+# ---- bad arguments: what is wrong, said plainly; never a 309-digit bound ------------------
+tailbatch_load_cli_test(load_rate_zero RC 1 ARGS --simulate --rate 0
+  EXPECT "--rate: must be > 0, got 0" FORBID "[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]")
+tailbatch_load_cli_test(load_rate_negative RC 1 ARGS --simulate --rate -5
+  EXPECT "--rate: must be > 0, got -5" FORBID "[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]")
+tailbatch_load_cli_test(load_rate_not_a_number RC 1 ARGS --simulate --rate abc
+  EXPECT "--rate: \"abc\" is not a number" FORBID "range")
+tailbatch_load_cli_test(load_sweep_not_a_number RC 1 ARGS --simulate --sweep 10,abc
+  EXPECT "\"abc\" is not a number" FORBID "range")
+tailbatch_load_cli_test(load_max_batch_not_a_number RC 1 ARGS --simulate --rate 10 --max-batch x
+  EXPECT "\"x\" is not a whole number")
+# `--steps ""`: an empty argument, which a list cannot carry through add_test, so this one
+# runs from a small script of its own.
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/load_cli_steps_empty.cmake [=[
+execute_process(COMMAND ${TOOL} --simulate --steps "" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message("${out}${err}")
+if(rc EQUAL 0 OR NOT "${out}${err}" MATCHES "--steps: empty")
+  message(FATAL_ERROR "expected a non-zero exit and \"--steps: empty\", got exit ${rc}")
+endif()
+]=])
+add_test(NAME cli_load_steps_empty
+         COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:tailbatch-load> -P ${CMAKE_CURRENT_BINARY_DIR}/load_cli_steps_empty.cmake)
+set_tests_properties(cli_load_steps_empty PROPERTIES LABELS cli TIMEOUT 60)
+tailbatch_load_cli_test(load_steps_zero_seconds RC 1 ARGS --simulate --steps 100:0
+  EXPECT "--steps: \"100:0\": RATE must be >= 0 and SECONDS in")
+tailbatch_load_cli_test(load_best_static_needs_simulate RC 1 ARGS --policy best-static --rate 10
+  EXPECT "best-static searches by simulation: add --simulate")
+tailbatch_load_cli_test(load_network_needs_simulate RC 1 ARGS --network-ms 5 --rate 10
+  EXPECT "--network-ms is modelled by the simulator only")
+
+# ---- --json: one object per run, in every mode -------------------------------------------
+set(_load_fields "\"offered_rps\": [0-9.]+, \"achieved_rps\": [0-9.]+, \"p50_ms\": [0-9.]+, \"p95_ms\": [0-9.]+, \"p99_ms\": [0-9.]+, \"mean_batch\": [0-9.]+, \"errors\": [0-9]+")
+# (CMake's regular expressions have no {n} repetition: a sweep's lines are spelled out.)
+set(_sim_adaptive "{\"mode\": \"simulate\", \"policy\": \"adaptive\", ${_load_fields}}")
+set(_live_adaptive "{\"mode\": \"live\", \"policy\": \"adaptive\", ${_load_fields}}")
+set(_example1 --base-ms 20 --per-item-ms 3 --network-ms 5 --lanes 2 --slo-p95-ms 150)
+tailbatch_load_cli_test(load_json_simulate_fixed RC 0
+  ARGS --simulate ${_example1} --max-batch 16 --window-ms 8 --rate 200 --duration 4 --warmup 1 --json
+  EXPECT "^{\"mode\": \"simulate\", \"policy\": \"fixed\", ${_load_fields}, \"window_ms\": 8, \"max_batch\": 16}\n$")
+tailbatch_load_cli_test(load_json_simulate_adaptive RC 0
+  ARGS --simulate ${_example1} --max-batch 64 --policy adaptive --rate 200 --duration 4 --warmup 1 --json
+  EXPECT "^{\"mode\": \"simulate\", \"policy\": \"adaptive\", ${_load_fields}}\n$" FORBID "window_ms")
+tailbatch_load_cli_test(load_json_simulate_best_static RC 0
+  ARGS --simulate ${_example1} --max-batch 16 --policy best-static --rate 200 --duration 3 --warmup 1 --json
+  EXPECT "^{\"mode\": \"simulate\", \"policy\": \"best-static\", ${_load_fields}, \"window_ms\": [0-9.]+, \"max_batch\": [0-9]+}\n$")
+tailbatch_load_cli_test(load_json_simulate_sweep RC 0
+  ARGS --simulate ${_example1} --policy adaptive --sweep 50,100,200 --duration 3 --warmup 1 --json
+  EXPECT "^${_sim_adaptive}\n${_sim_adaptive}\n${_sim_adaptive}\nplot: ")
+tailbatch_load_cli_test(load_json_simulate_steps RC 0
+  ARGS --simulate ${_example1} --policy adaptive --steps 50:2,300:2 --json
+  EXPECT "^{\"mode\": \"simulate\", \"policy\": \"adaptive\", ${_load_fields}}\n")
+tailbatch_load_cli_test(load_json_live RC 0
+  ARGS --base-ms 2 --per-item-ms 0.5 --rate 100 --duration 1 --warmup 0.2 --json --quiet
+  EXPECT "^{\"mode\": \"live\", \"policy\": \"fixed\", ${_load_fields}, \"window_ms\": 8, \"max_batch\": 16}\nplot: ")
+tailbatch_load_cli_test(load_json_live_sweep RC 0
+  ARGS --base-ms 2 --per-item-ms 0.5 --policy adaptive --sweep 50,100 --duration 1 --warmup 0.2 --json --quiet
+  EXPECT "^${_live_adaptive}\n${_live_adaptive}\nplot: ")

@@ -1,0 +1,504 @@
+// AdaptiveWindow: what it learns (cost per batch size, arrival rate), how it decides (the
+// plan's window and size, the backlog and SLO rules, cold start), what it exposes, and the
+// issue's goals on a subset of the simulated profiles. Time comes from a ManualClock: the
+// views are built by hand at chosen times, or the simulator drives the policy.
+#include <tailbatch/adaptive_window.hpp>
+
+#include <tailbatch/metrics.hpp>
+#include <tailbatch/tools/simulator.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tailbatch_test.hpp"
+
+#if defined(TAILBATCH_CATCH2_V3)
+using Catch::Approx;
+#else
+using Catch::Detail::Approx;
+#endif
+
+using namespace tailbatch;
+using namespace std::chrono_literals;
+
+namespace {
+
+double ms(std::chrono::nanoseconds d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+AdaptiveWindowConfig config(std::chrono::nanoseconds slo = 150ms, std::size_t max_batch = 64) {
+  AdaptiveWindowConfig c;
+  c.slo_p95 = slo;
+  c.max_batch = max_batch;
+  return c;
+}
+
+BatchFeedback feedback(std::size_t size, std::chrono::nanoseconds t, BatchTime started = ManualClock::start()) {
+  BatchFeedback f;
+  f.size = size;
+  f.padded_size = size;
+  f.model_time = t;
+  f.started = started;
+  return f;
+}
+
+// Teaches `p` a cost L(b) for every size up to `up_to`, `times` samples each.
+template <class Cost>
+void teach(const AdaptiveWindow& p, Cost cost, std::size_t up_to, int times = 4, BatchTime at = ManualClock::start()) {
+  for (int k = 0; k < times; ++k)
+    for (std::size_t b = 1; b <= up_to; ++b) p.on_batch_executed(feedback(b, cost(b), at));
+}
+
+// A queue of n requests that arrived `spacing` apart, the last one at `last`.
+std::vector<BatchCandidate> queue_of(std::size_t n, BatchTime last, BatchDuration spacing) {
+  std::vector<BatchCandidate> v;
+  for (std::size_t i = 0; i < n; ++i)
+    v.push_back(BatchCandidate{last - spacing * static_cast<BatchDuration::rep>(n - 1 - i), BatchTime::max(), 1,
+                               Priority::normal});
+  return v;
+}
+
+BatchView view_of(const std::vector<BatchCandidate>& c, BatchTime now, std::size_t lanes = 2, bool flush = false) {
+  BatchView v{std::span<const BatchCandidate>(c), c.size(), now, flush};
+  v.lanes = lanes;
+  v.idle_lanes = lanes;
+  return v;
+}
+
+// Feeds `count` arrivals `gap` apart through decide(), one view per arrival, dispatching
+// whatever decide() asks for (as a Pipeline would). The clock ends at the last arrival.
+void drive_arrivals(const AdaptiveWindow& p, ManualClock& clock, std::size_t count, BatchDuration gap,
+                    std::size_t lanes = 2) {
+  std::vector<BatchCandidate> q;
+  for (std::size_t i = 0; i < count; ++i) {
+    clock.advance(gap);
+    q.push_back(BatchCandidate{clock.now(), BatchTime::max(), 1, Priority::normal});
+    const BatchDecision d = p.decide(view_of(q, clock.now(), lanes));
+    q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(d.count));
+  }
+}
+
+template <class F>
+std::string invalid_argument_message(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "no exception";
+}
+
+const LinearCost example1_cost{20ms, 3ms};
+
+}  // namespace
+
+TEST_CASE("AdaptiveWindow: bad configuration names the field", "[adaptive]") {
+  CHECK(invalid_argument_message([] { AdaptiveWindow p(config(0ms)); }).find("slo_p95") != std::string::npos);
+  AdaptiveWindowConfig c = config();
+  c.slo_p99 = 100ms;  // tighter than the p95 target
+  CHECK(invalid_argument_message([&] { AdaptiveWindow p(c); }).find("slo_p99") != std::string::npos);
+  CHECK(invalid_argument_message([] { AdaptiveWindow p(config(150ms, 0)); }).find("max_batch") != std::string::npos);
+  CHECK(invalid_argument_message([] { AdaptiveWindow p(config(150ms, AdaptiveWindow::max_batch_limit + 1)); })
+            .find("max_batch") != std::string::npos);
+  static_assert(BatchPolicy<AdaptiveWindow> && BatchFeedbackPolicy<AdaptiveWindow>);
+}
+
+TEST_CASE("AdaptiveWindow: cold start holds nothing: what is queued goes at once, up to the cap", "[adaptive]") {
+  ManualClock clock;
+  const AdaptiveWindow p(config(150ms, 8));
+  const auto one = queue_of(1, clock.now(), 1ms);
+  BatchDecision d = p.decide(view_of(one, clock.now()));
+  CHECK(d.count == 1);
+  const auto twelve = queue_of(12, clock.now(), 1ms);
+  d = p.decide(view_of(twelve, clock.now()));
+  CHECK(d.count == 8);
+  CHECK(d.reason == DispatchReason::size);
+  CHECK(p.plan().batch == 8);
+  CHECK(p.plan().window == BatchDuration::zero());
+  CHECK(p.cost_model().samples == 0);
+}
+
+TEST_CASE("AdaptiveWindow: learns a linear cost from noisy timings, and extrapolates to sizes it has not seen",
+          "[adaptive]") {
+  const AdaptiveWindow p(config());
+  // +-10 % noise from a fixed sequence; sizes 1..8 only.
+  std::uint64_t x = 12345;
+  for (int k = 0; k < 40; ++k) {
+    for (std::size_t b = 1; b <= 8; ++b) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      const double noise = 0.9 + 0.2 * static_cast<double>(x >> 11) / 9007199254740992.0;
+      p.on_batch_executed(feedback(b, std::chrono::duration_cast<std::chrono::nanoseconds>(example1_cost(b) * noise)));
+    }
+  }
+  const AdaptiveCostModel m = p.cost_model();
+  CHECK(m.samples == 320);
+  CHECK(m.sizes_seen == 8);
+  // L(b) = 17 ms + 3 ms x b.
+  CHECK(m.slope_s == Approx(0.003).epsilon(0.1));
+  CHECK(m.intercept_s == Approx(0.017).epsilon(0.1));
+  for (std::size_t b : {1u, 4u, 8u, 16u, 32u, 64u}) {
+    INFO("size " << b);
+    CHECK(p.estimate_seconds(b) == Approx(std::chrono::duration<double>(example1_cost(b)).count()).epsilon(0.1));
+  }
+}
+
+TEST_CASE("AdaptiveWindow: a cost that is not linear is followed piecewise where sizes were seen", "[adaptive]") {
+  const AdaptiveWindow p(config(150ms, 32));
+  // A model padded to 8 and 16 and 32: flat steps.
+  auto stepped = [](std::size_t b) -> std::chrono::nanoseconds { return b <= 8 ? 10ms : b <= 16 ? 14ms : 22ms; };
+  teach(p, stepped, 32);
+  for (std::size_t b : {1u, 5u, 8u, 9u, 16u, 17u, 32u}) {
+    INFO("size " << b);
+    CHECK(p.estimate_seconds(b) == Approx(std::chrono::duration<double>(stepped(b)).count()).epsilon(0.01));
+  }
+  // Between seen sizes it interpolates; sizes 1 and 8 seen only: halfway is halfway.
+  const AdaptiveWindow q(config(150ms, 32));
+  for (int k = 0; k < 4; ++k) {
+    q.on_batch_executed(feedback(1, 10ms));
+    q.on_batch_executed(feedback(9, 26ms));
+  }
+  CHECK(q.estimate_seconds(5) == Approx(0.018).epsilon(0.01));
+}
+
+TEST_CASE("AdaptiveWindow: one stall does not move the model; a drifting model is followed", "[adaptive]") {
+  const AdaptiveWindow p(config(150ms, 16));
+  teach(p, example1_cost, 16, 8);
+  const double before = p.estimate_seconds(4);
+  p.on_batch_executed(feedback(4, 3s));  // a page fault, a GC pause
+  CHECK(p.estimate_seconds(4) == Approx(before).epsilon(0.15));
+  // The model becomes twice as slow: within a few dozen batches per size the estimate follows.
+  teach(p, [](std::size_t b) { return 2 * example1_cost(b); }, 16, 64);
+  CHECK(p.estimate_seconds(4) == Approx(2 * before).epsilon(0.1));
+}
+
+TEST_CASE("AdaptiveWindow: failed batches and empty timings teach nothing", "[adaptive]") {
+  const AdaptiveWindow p(config());
+  BatchFeedback f = feedback(4, 30ms);
+  f.failed = true;
+  p.on_batch_executed(f);
+  p.on_batch_executed(feedback(4, 0ms));
+  CHECK(p.cost_model().samples == 0);
+  CHECK(p.estimate_seconds(4) == 0.0);
+}
+
+TEST_CASE("AdaptiveWindow: the arrival rate is counted from the queue, also behind a backlog", "[adaptive]") {
+  ManualClock clock;
+  const AdaptiveWindow p(config());
+  CHECK(p.rate_rps(clock.now()) == 0.0);
+  drive_arrivals(p, clock, 600, 5ms);  // 200 requests/s
+  CHECK(p.rate_rps(clock.now()) == Approx(200.0).epsilon(0.02));
+  // A backlog the view cannot show (queued far beyond the candidates): still counted.
+  // The lanes free every 20 ms and take 4 each time while 10 arrive (500/s).
+  const AdaptiveWindow q(config(150ms, 4));
+  std::uint64_t queued = 0;
+  const BatchTime start = clock.now();
+  for (int i = 0; i < 150; ++i) {
+    clock.advance(20ms);
+    queued += 10;
+    const auto shown = queue_of(4, start + 20ms * i / 3, 2ms);  // the oldest, long ago
+    BatchView v = view_of(shown, clock.now());
+    v.queued = static_cast<std::size_t>(queued);
+    const BatchDecision d = q.decide(v);
+    REQUIRE(d.count == 4);
+    queued -= d.count;
+  }
+  CHECK(queued > 800);
+  CHECK(q.rate_rps(clock.now()) == Approx(500.0).epsilon(0.05));
+  // Load that stops: the estimate falls while nothing arrives.
+  clock.advance(5s);
+  CHECK(p.rate_rps(clock.now()) < 20.0);
+}
+
+TEST_CASE("AdaptiveWindow: a change of load is caught within a hundred arrivals", "[adaptive]") {
+  ManualClock clock;
+  const AdaptiveWindow p(config());
+  drive_arrivals(p, clock, 1500, 20ms);  // 50 requests/s
+  CHECK(p.rate_rps(clock.now()) == Approx(50.0).epsilon(0.02));
+  drive_arrivals(p, clock, 100, 2500us);  // 400 requests/s
+  CHECK(p.rate_rps(clock.now()) == Approx(400.0).epsilon(0.1));
+}
+
+TEST_CASE("AdaptiveWindow: plans a short window and small batches at light load, large ones near capacity",
+          "[adaptive]") {
+  ManualClock clock;
+  const AdaptiveWindow light(config());
+  drive_arrivals(light, clock, 300, 40ms);  // 25 requests/s
+  teach(light, example1_cost, 64, 4, clock.now());
+  const AdaptivePlan lp = light.plan();
+  CHECK(lp.rate_rps == Approx(25.0).epsilon(0.05));
+  CHECK(lp.batch <= 4);
+  CHECK(lp.window <= 5ms);
+
+  const AdaptiveWindow heavy(config());
+  drive_arrivals(heavy, clock, 3000, 2222us);  // 450 requests/s
+  teach(heavy, example1_cost, 64, 4, clock.now());
+  const AdaptivePlan hp = heavy.plan();
+  CHECK(hp.rate_rps == Approx(450.0).epsilon(0.05));
+  CHECK(hp.batch >= 12);
+  // Two lanes keep up only with batches of 9 or more at 450/s: the plan is stable.
+  const double capacity = 2.0 * static_cast<double>(hp.batch) /
+                          std::chrono::duration<double>(example1_cost(hp.batch)).count();
+  CHECK(capacity > 450.0);
+  // The plan is the best the planner knows: no candidate it could have chosen predicts a
+  // lower p95.
+  for (std::size_t b : {8u, 12u, 16u, 24u, 32u})
+    for (auto w : {0ms, 2ms, 8ms}) CHECK(heavy.predict(hp.rate_rps, 2, b, w).predicted_p95_s >= hp.predicted_p95_s - 1e-9);
+}
+
+TEST_CASE("AdaptiveWindow: decide follows the plan: target size, then window, then the SLO guard", "[adaptive]") {
+  ManualClock clock;
+  const AdaptiveWindow p(config());
+  drive_arrivals(p, clock, 2000, 3333us);  // 300 requests/s: a plan with a window and a size > 1
+  teach(p, example1_cost, 64, 4, clock.now());
+  const AdaptivePlan plan = p.plan();
+  REQUIRE(plan.batch >= 2);
+  REQUIRE(plan.window > BatchDuration::zero());
+
+  const BatchTime now = clock.now();
+  // Below the target, inside the window: wait until the window ends, or the target fills.
+  auto few = queue_of(plan.batch - 1, now, 100us);
+  BatchDecision d = p.decide(view_of(few, now));
+  CHECK(d.count == 0);
+  CHECK(d.decide_again_at == few.front().arrival + plan.window);
+  CHECK(d.decide_again_at_queued == plan.batch);
+  // The window ends: what is there goes.
+  d = p.decide(view_of(few, few.front().arrival + plan.window));
+  CHECK(d.count == few.size());
+  CHECK(d.reason == DispatchReason::window);
+  // The target: exactly that many go.
+  auto full = queue_of(plan.batch + 1, now, 100us);
+  d = p.decide(view_of(full, now));
+  CHECK(d.count == plan.batch);
+  // Flush: never waits.
+  d = p.decide(view_of(few, now, 2, true));
+  CHECK(d.count == few.size());
+  CHECK(d.reason == DispatchReason::flush);
+}
+
+TEST_CASE("AdaptiveWindow: never holds a request past what the SLO allows", "[adaptive]") {
+  ManualClock clock;
+  // An SLO so tight that the plan's window would break it: 40 ms with batches of 20+ ms.
+  const AdaptiveWindow p(config(40ms));
+  drive_arrivals(p, clock, 2000, 3333us);
+  teach(p, example1_cost, 64, 4, clock.now());
+  const AdaptivePlan plan = p.plan();
+  const auto one = queue_of(1, clock.now(), 1ms);
+  const BatchDecision d = p.decide(view_of(one, clock.now()));
+  if (d.count == 0) {
+    // It wakes by the guard: SLO - cost(target) - SLO/10 after the oldest arrival.
+    const auto guard = one.front().arrival + 40ms - std::chrono::duration_cast<BatchDuration>(
+                                                        std::chrono::duration<double>(p.estimate_seconds(plan.batch))) -
+                       4ms;
+    CHECK(d.decide_again_at <= guard + 1us);
+    const BatchDecision late = p.decide(view_of(one, guard + 1us));
+    CHECK(late.count == 1);
+  }
+}
+
+TEST_CASE("AdaptiveWindow: a backlog goes in one batch up to the cap, only where larger batches pay",
+          "[adaptive]") {
+  ManualClock clock;
+  const AdaptiveWindow gain(config(150ms, 64));
+  drive_arrivals(gain, clock, 2000, 10ms);  // 100 requests/s: a small target
+  teach(gain, example1_cost, 64, 4, clock.now());
+  const std::size_t target = gain.plan().batch;
+  REQUIRE(target < 20);
+  auto backlog = queue_of(3 * target, clock.now(), 100us);
+  CHECK(gain.decide(view_of(backlog, clock.now())).count == backlog.size());
+
+  // Batching buys nothing (L(b) = 2 ms x b): one at a time, whatever the queue.
+  const AdaptiveWindow flat(config(100ms, 16));
+  drive_arrivals(flat, clock, 2000, 1250us);  // 800 requests/s on two lanes
+  teach(flat, [](std::size_t b) { return 2ms * static_cast<std::int64_t>(b); }, 16, 4, clock.now());
+  REQUIRE(flat.plan().batch == 1);
+  auto queue = queue_of(10, clock.now(), 100us);
+  CHECK(flat.decide(view_of(queue, clock.now())).count == 1);
+}
+
+TEST_CASE("AdaptiveWindow: copies share what they learned", "[adaptive]") {
+  const AdaptiveWindow p(config());
+  const AdaptiveWindow copy = p;  // as a Pipeline holds it
+  teach(copy, example1_cost, 8);
+  CHECK(p.cost_model().samples == copy.cost_model().samples);
+  CHECK(p.estimate_seconds(4) == copy.estimate_seconds(4));
+}
+
+TEST_CASE("AdaptiveWindow: explains itself in metrics", "[adaptive][metrics]") {
+  MetricsRegistry registry;
+  AdaptiveWindowConfig c = config();
+  c.metrics = &registry;
+  c.metric_labels = {{"pipeline", "demo"}};
+  ManualClock clock;
+  const AdaptiveWindow p(c);
+  drive_arrivals(p, clock, 1000, 5ms);
+  teach(p, example1_cost, 64, 4, clock.now());
+  drive_arrivals(p, clock, 200, 5ms);
+  const std::string text = registry.prometheus();
+  auto value = [&](const std::string& series) {
+    const auto at = text.find(series + " ");
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + series.size() + 1));
+  };
+  CHECK(value("tailbatch_adaptive_cost_intercept_seconds{pipeline=\"demo\"}") == Approx(0.017));
+  CHECK(value("tailbatch_adaptive_cost_slope_seconds{pipeline=\"demo\"}") == Approx(0.003));
+  CHECK(value("tailbatch_adaptive_arrival_rate{pipeline=\"demo\"}") == Approx(200.0).epsilon(0.02));
+  CHECK(value("tailbatch_adaptive_target_batch{pipeline=\"demo\"}") == static_cast<double>(p.plan().batch));
+  CHECK(text.find("tailbatch_adaptive_window_seconds{pipeline=\"demo\"}") != std::string::npos);
+  CHECK(text.find("tailbatch_adaptive_predicted_p95_seconds{pipeline=\"demo\"}") != std::string::npos);
+  CHECK(value("tailbatch_adaptive_feedback_total{pipeline=\"demo\"}") == 256.0);
+  CHECK(text.find("tailbatch_adaptive_plans_total{pipeline=\"demo\"}") != std::string::npos);
+  for (const char* reason : {"max_batch", "target_size", "window", "slo_guard", "backlog", "flush"})
+    CHECK(text.find(std::string("tailbatch_adaptive_closes_total{pipeline=\"demo\",reason=\"") + reason + "\"}") !=
+          std::string::npos);
+  CHECK(text.find("reason=\"window\"} 0\n") == std::string::npos);  // windows did close
+}
+
+// ---- in the simulator: learning from the simulated lanes, and the goals -------------------
+
+namespace {
+
+// Under the sanitizers (10x slower) the runs are shorter: 6 simulated seconds, not 12.
+constexpr std::chrono::seconds goal_duration = tailbatch::test::sanitizer_slowdown > 1 ? 6s : 12s;
+
+SimulationConfig profile(double rps, double base_ms, double per_item_ms, double network_ms, std::size_t lanes,
+                         std::chrono::seconds duration = goal_duration) {
+  SimulationConfig c;
+  c.arrivals = LoadProfile::poisson(rps, duration);
+  c.warmup = duration / 6;
+  c.seed = 42;
+  c.lanes = lanes;
+  c.service_time = LinearCost{std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::milli>(base_ms)),
+                              std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::milli>(per_item_ms))};
+  c.network = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::milli>(network_ms));
+  return c;
+}
+
+// The lowest p95 of the grid tailbatch-load --policy best-static searches, among the
+// configurations that complete every request.
+double best_static_p95(const SimulationConfig& c, std::size_t cap) {
+  double best = 1e300;
+  for (double w : {0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 10.0, 15.0, 20.0}) {
+    for (std::size_t b : {1u, 2u, 4u, 6u, 8u, 12u, 16u, 24u, 32u, 48u, 64u}) {
+      if (b > cap) continue;
+      const SimulationResult r = simulate(
+          c, FixedWindow(b, std::chrono::duration_cast<BatchDuration>(std::chrono::duration<double, std::milli>(w))));
+      if (r.ok == r.arrivals) best = std::min(best, ms(r.p95));
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+TEST_CASE("AdaptiveWindow in the simulator: learns the modelled cost and is exactly reproducible",
+          "[adaptive][simulator]") {
+  const SimulationConfig c = profile(200, 20, 3, 5, 2);
+  const AdaptiveWindow p(config());
+  const SimulationResult a = simulate(c, p);
+  CHECK(p.cost_model().samples == a.batches);
+  CHECK(p.cost_model().slope_s == Approx(0.003).epsilon(0.01));
+  CHECK(p.cost_model().intercept_s == Approx(0.017).epsilon(0.01));
+  const SimulationResult b = simulate(c, AdaptiveWindow(config()));
+  CHECK(a.p95 == b.p95);
+  CHECK(a.batches == b.batches);
+  CHECK(a.ok == a.arrivals);
+}
+
+TEST_CASE("Goal, Example 1: adaptive p95 within 5 % of the best static window at low and high load",
+          "[adaptive][simulator][goal]") {
+  for (double rps : {50.0, 450.0}) {
+    const SimulationConfig c = profile(rps, 20, 3, 5, 2);
+    const double adaptive = ms(simulate(c, AdaptiveWindow(config(150ms, 64))).p95);
+    const double best = best_static_p95(c, 64);
+    INFO(rps << " rps: adaptive p95 " << adaptive << " ms, best static " << best << " ms");
+    CHECK(adaptive <= 1.05 * best);
+  }
+}
+
+TEST_CASE("Goal, GPU-like and no-gain profiles: within 5 % of the best static window", "[adaptive][simulator][goal]") {
+  {
+    const SimulationConfig c = profile(1000, 8, 0.2, 1, 1);
+    const double adaptive = ms(simulate(c, AdaptiveWindow(config(50ms, 16))).p95);
+    const double best = best_static_p95(c, 16);
+    INFO("GPU-like at 1000 rps: adaptive " << adaptive << " ms, best static " << best << " ms");
+    CHECK(adaptive <= 1.05 * best);
+  }
+  {
+    // Batching buys nothing: adaptive must not batch its way to a worse tail.
+    const SimulationConfig c = profile(800, 2, 2, 0, 2);
+    const double adaptive = ms(simulate(c, AdaptiveWindow(config(100ms, 16))).p95);
+    const double best = best_static_p95(c, 16);
+    INFO("no gain at 800 rps: adaptive " << adaptive << " ms, best static " << best << " ms");
+    CHECK(adaptive <= 1.05 * best);
+  }
+}
+
+// ---- on the real clock -----------------------------------------------------------------
+
+TEST_CASE("AdaptiveWindow on the real clock: lanes that really sleep teach it their cost", "[adaptive][threads]") {
+  // Three "lanes" run batches of sizes 1..8 of a model that sleeps 20 ms + 2 ms x b and
+  // report each as the Pipeline does (the time measured around the call), while a fourth
+  // thread keeps asking decide(). A sleep overshoots by the machine's wake-up latency, so
+  // the model's true cost is what the sleeps really took: per size their mean (how long a
+  // lane was held), made non-decreasing in size as a batch's cost is, and beyond the sizes
+  // run the least-squares line through those. No time is asserted: only that the model
+  // learned is that cost, within 10 %.
+  const AdaptiveWindow policy(config(200ms, 32));
+  auto nominal = [](std::size_t b) { return 20ms + 2ms * static_cast<std::int64_t>(b); };
+  std::mutex mu;
+  std::vector<std::vector<double>> took_by_size(9);
+  std::atomic<bool> done{false};
+  std::thread asker([&] {
+    std::vector<BatchCandidate> q;
+    while (!done.load()) {
+      q.assign(1, BatchCandidate{std::chrono::steady_clock::now(), BatchTime::max(), 1, Priority::normal});
+      (void)policy.decide(view_of(q, std::chrono::steady_clock::now()));
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  std::vector<std::thread> lanes;
+  for (std::size_t lane = 0; lane < 3; ++lane) {
+    lanes.emplace_back([&, lane] {
+      for (int k = 0; k < 6; ++k) {
+        for (std::size_t b = 1 + lane; b <= 8; b += 1) {
+          const auto start = std::chrono::steady_clock::now();
+          std::this_thread::sleep_for(nominal(b));
+          const auto took_now = std::chrono::steady_clock::now() - start;
+          {
+            std::lock_guard lock(mu);
+            took_by_size[b].push_back(std::chrono::duration<double>(took_now).count());
+          }
+          BatchFeedback f = feedback(b, took_now, start);
+          f.lane = lane;
+          policy.on_batch_executed(f);
+        }
+      }
+    });
+  }
+  for (auto& t : lanes) t.join();
+  done = true;
+  asker.join();
+  double sx = 0, sy = 0, sxx = 0, sxy = 0, n = 0, floor = 0;
+  for (std::size_t b = 1; b <= 8; ++b) {
+    const std::vector<double>& t = took_by_size[b];
+    double sum = 0;
+    for (double v : t) sum += v;
+    const double mean = std::max(floor, sum / static_cast<double>(t.size()));
+    floor = mean;
+    INFO("size " << b);
+    CHECK(policy.estimate_seconds(b) == Approx(mean).epsilon(0.1));
+    const double x = static_cast<double>(b);
+    sx += x, sy += mean, sxx += x * x, sxy += x * mean, n += 1;
+  }
+  const double slope = (sxy / n - sx / n * sy / n) / (sxx / n - sx / n * sx / n);
+  const double intercept = sy / n - slope * sx / n;
+  for (std::size_t b : {16u, 32u}) {
+    INFO("size " << b << " (never run)");
+    CHECK(policy.estimate_seconds(b) == Approx(intercept + slope * static_cast<double>(b)).epsilon(0.1));
+  }
+}
