@@ -200,7 +200,7 @@ class HttpClient {
       for (auto& c : conns_) {
         boost::system::error_code ec;
         c->timer.cancel();
-        c->stream.socket().close(ec);
+        c->socket.close(ec);
       }
     });
     ioc_.stop();
@@ -246,8 +246,8 @@ class HttpClient {
     tailbatch::LoadCompletion done;
   };
   struct Conn {
-    explicit Conn(asio::io_context& ioc) : stream(ioc), timer(ioc) {}
-    beast::tcp_stream stream;
+    explicit Conn(asio::io_context& ioc) : socket(ioc), timer(ioc) {}
+    tcp::socket socket;
     asio::steady_timer timer;
     beast::flat_buffer buffer;
     std::optional<http::response_parser<http::string_body>> parser;
@@ -296,12 +296,12 @@ class HttpClient {
       finish(c, 0, kTimeout);
     });
     if (!c.connected) {
-      c.stream.async_connect(endpoints_, [this, &c, gen](boost::system::error_code ec, const tcp::endpoint&) {
+      asio::async_connect(c.socket, endpoints_, [this, &c, gen](boost::system::error_code ec, const tcp::endpoint&) {
         if (gen != c.generation || !c.busy) return;
         if (ec) return finish(c, 0, kConnect);
         c.connected = true;
         boost::system::error_code ignored;
-        c.stream.socket().set_option(tcp::no_delay(true), ignored);
+        c.socket.set_option(tcp::no_delay(true), ignored);
         write(c);
       });
       return;
@@ -315,12 +315,12 @@ class HttpClient {
     c.written = std::chrono::steady_clock::now();
     write_lag_->record(std::max(std::chrono::nanoseconds(0),
                                 std::chrono::duration_cast<std::chrono::nanoseconds>(c.written - c.req->done.intended())));
-    asio::async_write(c.stream.socket(), asio::buffer(bytes), [this, &c, gen](boost::system::error_code ec, std::size_t) {
+    asio::async_write(c.socket, asio::buffer(bytes), [this, &c, gen](boost::system::error_code ec, std::size_t) {
       if (gen != c.generation || !c.busy) return;
       if (ec) return finish(c, 0, kIo);
       c.parser.emplace();
       c.parser->body_limit(64u << 20);
-      http::async_read(c.stream.socket(), c.buffer, *c.parser, [this, &c, gen](boost::system::error_code ec2, std::size_t) {
+      http::async_read(c.socket, c.buffer, *c.parser, [this, &c, gen](boost::system::error_code ec2, std::size_t) {
         if (gen != c.generation || !c.busy) return;
         if (ec2) return finish(c, 0, kIo);
         const auto& res = c.parser->get();
@@ -362,13 +362,13 @@ class HttpClient {
     if (err != kNone) {
       // The connection's state is unknown: close it; the next request reconnects.
       boost::system::error_code ignored;
-      c.stream.socket().close(ignored);
+      c.socket.close(ignored);
       c.buffer.clear();
       c.connected = false;
     } else if (!c.connected) {
       boost::system::error_code ignored;
-      c.stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-      c.stream.socket().close(ignored);
+      c.socket.shutdown(tcp::socket::shutdown_both, ignored);
+      c.socket.close(ignored);
       c.buffer.clear();
     }
     c.timer.cancel();
