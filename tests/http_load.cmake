@@ -20,3 +20,18 @@ add_test(NAME tailbatch_load_http
          COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/server/test_http_load.py
                  $<TARGET_FILE:tailbatch-load> $<TARGET_FILE:tailbatch-serve>)
 set_tests_properties(tailbatch_load_http PROPERTIES LABELS server TIMEOUT 90)
+
+# tailbatch-serve's /dashboard in headless Chromium (label `browser`): the server under
+# load from tailbatch-load --url; the rendered DOM must show a live p95 and every chart
+# drawn by Chart.js. `python3 tests/server/test_dashboard.py <tailbatch-load>
+# <tailbatch-serve> --screenshot docs/img/dashboard.png` also makes the README's
+# screenshot. Needs chromium (skipped, exit 77, without it).
+find_program(TAILBATCH_CHROMIUM NAMES chromium chromium-browser)
+if(TAILBATCH_CHROMIUM)
+  add_test(NAME tailbatch_serve_dashboard
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/server/test_dashboard.py
+                   $<TARGET_FILE:tailbatch-load> $<TARGET_FILE:tailbatch-serve>)
+  set_tests_properties(tailbatch_serve_dashboard PROPERTIES LABELS browser TIMEOUT 60 SKIP_RETURN_CODE 77)
+else()
+  message(STATUS "tailbatch: not registering the /dashboard browser test: chromium not found")
+endif()
