@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Browser test of tailbatch-serve's /dashboard (ctest label `browser`).
 
-    test_dashboard.py TAILBATCH-LOAD TAILBATCH-SERVE [--screenshot PATH]
+    test_dashboard.py TAILBATCH-LOAD TAILBATCH-SERVE [--screenshot PATH] [--rate RPS]
+
+--rate: the classify load in requests/s (default 25, which a Debug build keeps up with).
 
 Starts tailbatch-serve --port 0 (127.0.0.1), puts open-loop load on /v1/classify and
 /v1/generate with tailbatch-load --url, opens /dashboard in headless Chromium
@@ -28,6 +30,7 @@ import urllib.request
 
 LOAD, SERVE = sys.argv[1], sys.argv[2]
 SHOT = sys.argv[sys.argv.index("--screenshot") + 1] if "--screenshot" in sys.argv else None
+RATE = sys.argv[sys.argv.index("--rate") + 1] if "--rate" in sys.argv else "25"
 DEADLINE = time.monotonic() + 55
 procs = []
 
@@ -144,7 +147,7 @@ try:
         for text in ["a fine film", "the worst service I have had", "it was fine, I suppose",
                      "great value and friendly staff", "never again", "an average evening"]:
             f.write('{"text": "%s"}\n' % text)
-    for args in (["--url", base + "/v1/classify", "--method", "POST", "--body-file", bodies, "--rate", "25"],
+    for args in (["--url", base + "/v1/classify", "--method", "POST", "--body-file", bodies, "--rate", RATE],
                  ["--url", base + "/v1/generate", "--method", "POST", "--body",
                   '{"prompt": "once upon a time", "max_tokens": 24}', "--rate", "4"]):
         procs.append(subprocess.Popen([LOAD, *args, "--duration", "30", "--warmup", "0", "--quiet", "--out", out],
