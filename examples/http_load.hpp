@@ -147,14 +147,16 @@ struct HttpCounts {
 };
 
 // The asynchronous HTTP client behind `tailbatch-load --url`. Owns one I/O thread (started
-// by the constructor, joined by the destructor) that runs every connection. target()
-// returns an AsyncLoadTarget for run_load(). Not thread-safe except for target()'s
-// callable (safe to call from any one thread) and the counters (take_counts()).
+// by the constructor, joined by the destructor) that runs every connection; all connection
+// state lives on that thread. target() returns an AsyncLoadTarget for run_load().
+// Thread-safety: target()'s callable, take_counts() and url() are thread-safe; construction
+// and destruction are not. Exceptions: only the constructor throws (strong guarantee).
 class HttpClient {
  public:
-  // Resolves the host (blocking) and starts the I/O thread. Throws std::invalid_argument
-  // for a bad URL or a non-loopback host without allow_remote, std::runtime_error when
-  // the host does not resolve.
+  // Resolves the host (blocking) and starts the I/O thread. Allocates. Throws
+  // std::invalid_argument for a bad URL, a non-loopback host without allow_remote or zero
+  // connections, std::runtime_error when the host does not resolve. Not thread-safe: one
+  // owner constructs and destroys it.
   explicit HttpClient(HttpTargetOptions o) : o_(std::move(o)), url_(parse_url(o_.url)) {
     if (!o_.allow_remote && !is_loopback_host(url_.host))
       throw std::invalid_argument("--url: host \"" + url_.host +
@@ -194,6 +196,7 @@ class HttpClient {
 
   // Closes every connection and joins the I/O thread; requests still open are dropped
   // without completing (run_load() has already counted them as timed out). Blocks briefly.
+  // Not thread-safe: no run may be in progress.
   ~HttpClient() {
     work_.reset();
     asio::post(ioc_, [this] {
@@ -207,16 +210,18 @@ class HttpClient {
     if (thread_.joinable()) thread_.join();
   }
 
-  // An AsyncLoadTarget: hands request `index` to the I/O thread and returns at once.
-  // Allocates one small handler. Call from one thread at a time (run_load's sender).
+  // An AsyncLoadTarget: hands request `index` to the I/O thread and returns at once; the
+  // LoadCompletion is called on the I/O thread. Allocates one small handler per request;
+  // never blocks. The callable is thread-safe (asio::post); the client must outlive it.
   [[nodiscard]] auto target() {
     return [this](std::uint64_t index, tailbatch::LoadCompletion done) {
       asio::post(ioc_, [this, index, done = std::move(done)]() mutable { start(index, std::move(done)); });
     };
   }
 
-  // The counts since the last call (or since construction) and resets them. Call only
-  // when no run is in progress. Blocks until the I/O thread has answered.
+  // The counts since the last call (or since construction) and resets them. Blocks until
+  // the I/O thread has answered; allocates. Thread-safe, but meant for between runs: during
+  // one the counts are a moving snapshot.
   [[nodiscard]] HttpCounts take_counts() {
     HttpCounts out;
     std::mutex mu;
@@ -238,6 +243,7 @@ class HttpClient {
     return out;
   }
 
+  // The parsed --url. Thread-safe.
   [[nodiscard]] const Url& url() const noexcept { return url_; }
 
  private:
@@ -540,7 +546,7 @@ inline std::string run_json(const std::string& url, double offered, const tailba
 inline std::string http_table_header() {
   char buf[256];
   std::snprintf(buf, sizeof buf, "%10s %8s %6s %6s %6s %6s %8s %8s %12s %10s %10s %6s\n", "offered", "2xx", "429",
-                "503", "504", "other", "connect", "timeout", "p99 fr.send", "lag p99", "lag max", "batch");
+                "503", "504", "other", "connect", "tmout+io", "p99 fr.send", "lag p99", "lag max", "batch");
   std::string out = buf;
   std::snprintf(buf, sizeof buf, "%10s %8s %6s %6s %6s %6s %8s %8s %12s %10s %10s %6s\n", "rps", "", "", "", "", "",
                 "errors", "errors", "ms", "ms", "ms", "mean");
@@ -582,7 +588,9 @@ inline std::string http_table_row(double offered, const HttpCounts& c, std::opti
 // Runs tailbatch-load's --url mode: one run (--rate/--steps) or a sweep, printed as tables
 // (or JSON lines with --json, the tables then going to stderr) with SVG plots in --out.
 // Blocks for the whole run. Returns the exit status. Throws std::invalid_argument for bad
-// flags (a non-loopback host without --allow-remote among them).
+// flags (a non-loopback host without --allow-remote among them), std::runtime_error when
+// the host does not resolve. Owns one I/O thread for the run (HttpClient). Thread-safe (a
+// run shares nothing with another).
 [[nodiscard]] inline int run_http(const HttpCli& h, const CommonRun& o) {
   using namespace std::chrono;
   HttpTargetOptions t;
