@@ -10,6 +10,7 @@ packages=(cmake ninja-build g++ clang catch2 libfmt-dev libbenchmark-dev libcli1
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(prometheus)        # ships promtool, which checks the Prometheus exposition
   packages+=(curl python3 wrk)  # tailbatch-serve's end-to-end test and benchmarks/server/run.sh
+  packages+=(chromium libjs-chart.js)  # the /dashboard browser test; Chart.js draws its charts
 fi
 
 missing=()

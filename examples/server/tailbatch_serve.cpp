@@ -7,6 +7,8 @@
 //                       streaming; a client that disconnects cancels its sequence
 //   GET  /metrics       Prometheus text      GET /v1/stats   JSON summary
 //   GET  /healthz       alive                GET /readyz     warmed up and not draining
+//   GET  /dashboard     a live dashboard of /v1/stats (dashboard.html, embedded at build
+//                       time); GET /static/chart.js serves Debian's libjs-chart.js to it
 //
 // Threads, and who owns them:
 //   * --io-threads I/O threads (this program's; the main thread is one of them) run every
@@ -36,6 +38,10 @@
 #include <tailbatch/reference/tokenizer.hpp>
 #include <tailbatch/serving.hpp>
 
+#ifndef TAILBATCH_SERVE_CHART_JS
+#define TAILBATCH_SERVE_CHART_JS "/usr/share/javascript/chart.js/chart.min.js"
+#endif
+
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -55,6 +61,8 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -67,6 +75,11 @@
 #include <vector>
 
 namespace {
+
+// examples/server/dashboard.html, embedded by examples/server_dashboard.cmake.
+constexpr const char* dashboard_html =
+#include "dashboard_html.inc"
+    ;
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -95,6 +108,7 @@ struct Options {
   unsigned warmup_rounds = 2;
   unsigned drain_timeout_ms = 5000;
   unsigned stats_window_s = 60;
+  double slo_p95_ms = 100.0;  // drawn on the dashboard; reported in /v1/stats
 
   std::size_t gen_max_active = 16;
   std::size_t gen_max_waiting = 256;
@@ -224,6 +238,7 @@ class Server {
   std::map<std::pair<std::string, int>, tb::Counter*> responses_;
   tb::WindowedHistogram<>* classify_latency_ = nullptr;
   tb::WindowedHistogram<>* generate_latency_ = nullptr;
+  tb::WindowedHistogram<>* ttft_ = nullptr;
   tb::Counter* disconnects_ = nullptr;
   std::vector<tb::CallbackRegistration> gauges_;
 
@@ -693,6 +708,9 @@ Server::Server(const Options& o)
   generate_latency_ = &registry_.windowed_histogram("tailbatch_serve_request_duration_seconds",
                                                     "Time from a request's headers read to its response, recent window",
                                                     {{"route", "generate"}}, window);
+  ttft_ = &registry_.windowed_histogram("tailbatch_serve_time_to_first_token_seconds",
+                                       "Time from a generate request's headers read to its first token, recent window",
+                                       {{"route", "generate"}}, window);
   disconnects_ = &registry_.counter("tailbatch_serve_client_disconnects_total",
                                     "Requests whose client disconnected before the response; their work was cancelled");
   gauges_.push_back(registry_.gauge_callback("tailbatch_serve_ready", "1 once warmed up and not draining", {},
@@ -750,12 +768,14 @@ void Server::handle(const std::shared_ptr<Connection>& c, http::request<http::st
     std::string_view path, label;
     http::verb method;
   };
-  static constexpr std::array<Route, 6> routes = {{{"/v1/classify", "classify", http::verb::post},
+  static constexpr std::array<Route, 8> routes = {{{"/v1/classify", "classify", http::verb::post},
                                                    {"/v1/generate", "generate", http::verb::post},
                                                    {"/metrics", "metrics", http::verb::get},
                                                    {"/v1/stats", "stats", http::verb::get},
                                                    {"/healthz", "healthz", http::verb::get},
-                                                   {"/readyz", "readyz", http::verb::get}}};
+                                                   {"/readyz", "readyz", http::verb::get},
+                                                   {"/dashboard", "dashboard", http::verb::get},
+                                                   {"/static/chart.js", "static", http::verb::get}}};
   const Route* route = nullptr;
   for (const auto& r : routes) {
     if (r.path == target) route = &r;
@@ -771,6 +791,15 @@ void Server::handle(const std::shared_ptr<Connection>& c, http::request<http::st
   if (route->label == "metrics") return c->respond(200, registry_.prometheus(), "text/plain; version=0.0.4; charset=utf-8");
   if (route->label == "stats") return c->respond(200, stats_json());
   if (route->label == "healthz") return c->respond(200, R"({"status":"alive"})");
+  if (route->label == "dashboard") return c->respond(200, dashboard_html, "text/html; charset=utf-8");
+  if (route->label == "static") {
+    // Read per request (about 200 kB, from the page cache): the package may be installed
+    // or upgraded while the server runs.
+    std::ifstream in(TAILBATCH_SERVE_CHART_JS, std::ios::binary);
+    if (!in) return c->respond_error(404, "not_found", "Chart.js not found at " TAILBATCH_SERVE_CHART_JS "; install libjs-chart.js");
+    std::string js((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return c->respond(200, std::move(js), "text/javascript; charset=utf-8", {{"Cache-Control", "max-age=3600"}});
+  }
   if (ready()) return c->respond(200, R"({"status":"ready"})");
   return c->respond(503, draining() ? R"({"status":"draining"})" : R"({"status":"warming_up"})");
 }
@@ -827,8 +856,9 @@ void Server::generate(const std::shared_ptr<Connection>& c, const http::request<
     asio::post(conn->executor(), [conn, j] { conn->flush_generate(j); });
   };
   tb::StreamCallbacks<std::int32_t> cb;
-  cb.on_tokens = [job, post_flush](std::span<const std::int32_t> t) {
+  cb.on_tokens = [job, post_flush, ttft = ttft_, arrival = c->context().arrival](std::span<const std::int32_t> t) {
     std::lock_guard lock(job->mu);
+    if (!job->any_tokens) ttft->record(std::chrono::steady_clock::now() - arrival);
     job->any_tokens = true;
     if (job->stream) {
       job->encoder.append_tokens(job->outbox, t);
@@ -858,6 +888,15 @@ std::string Server::stats_json() {
     auto ms = [&](double p) { return s.count() ? static_cast<double>(s.percentile(p).count()) / 1e6 : 0.0; };
     return json{{"count", s.count()}, {"p50", ms(50)}, {"p95", ms(95)}, {"p99", ms(99)}};
   };
+  json reasons = json::object(), responses = json::object();
+  for (std::size_t i = 0; i < tb::dispatch_reason_count; ++i) {
+    const auto r = static_cast<tb::DispatchReason>(i);
+    reasons[std::string(tb::to_string(r))] = ps.count(r);
+  }
+  {
+    std::lock_guard lock(counters_mu_);
+    for (const auto& [key, counter] : responses_) responses[key.first][std::to_string(key.second)] = counter->value();
+  }
   json sizes = json::object();
   for (std::size_t i = 0; i < batch_sizes_.size(); ++i) {
     const auto v = batch_sizes_[i].load(std::memory_order_relaxed);
@@ -877,6 +916,7 @@ std::string Server::stats_json() {
   j["draining"] = draining();
   j["uptime_s"] = std::chrono::duration<double>(now - started_).count();
   j["window_s"] = opt_.stats_window_s;
+  j["slo_p95_ms"] = opt_.slo_p95_ms;
   j["classify"] = {
       {"latency_ms", pct(classify_latency_->snapshot())},
       {"queue_depth", pipeline_->queued_approx()},
@@ -889,8 +929,11 @@ std::string Server::stats_json() {
       {"rejections", rejections},
       {"requests_per_s", classify_rate_.per_second(now)},
       {"max_batch", opt_.max_batch},
-      {"limit", opt_.limit}};
+      {"limit", opt_.limit},
+      {"limit_current", limiter_ ? limiter_->limit() : 0u},
+      {"dispatch_reasons", reasons}};
   j["generate"] = {{"latency_ms", pct(generate_latency_->snapshot())},
+                   {"ttft_ms", pct(ttft_->snapshot())},
                    {"active", batcher_->active_approx()},
                    {"waiting", batcher_->waiting_approx()},
                    {"submitted", cs.submitted},
@@ -905,7 +948,8 @@ std::string Server::stats_json() {
                      {"failed", cs.failed}}}};
   j["http"] = {{"in_flight", in_flight_.load()},
                {"connections", connections_.load()},
-               {"client_disconnects", disconnects_->value()}};
+               {"client_disconnects", disconnects_->value()},
+               {"responses", responses}};
   return dump(j);
 }
 
@@ -1055,6 +1099,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup-rounds", o.warmup_rounds, "Warm-up batches of each size before /readyz says ready")
       ->capture_default_str();
   app.add_option("--drain-timeout-ms", o.drain_timeout_ms, "On SIGTERM, how long in-flight work may take to finish")
+      ->capture_default_str();
+  app.add_option("--slo-p95-ms", o.slo_p95_ms, "The p95 latency SLO drawn on /dashboard (and in /v1/stats), ms")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--stats-window-s", o.stats_window_s, "Window of the latency percentiles in /v1/stats and /metrics")
       ->check(CLI::Range(1u, 3600u))

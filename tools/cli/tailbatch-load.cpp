@@ -29,6 +29,9 @@
 #include <tailbatch/tools/load_generator.hpp>
 #include <tailbatch/pipeline.hpp>
 #include <tailbatch/tools/simulator.hpp>
+#ifdef TAILBATCH_LOAD_HTTP
+#include "http_load.hpp"  // --url: HTTP load (Boost.Beast/Asio)
+#endif
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
@@ -503,6 +506,19 @@ int main(int argc, char** argv) {
                "predict instead of measuring: the same Pipeline and window, simulated on a modelled clock");
   rate->excludes(sweep)->excludes(steps);
   sweep->excludes(steps);
+#ifdef TAILBATCH_LOAD_HTTP
+  tailbatch_load_http::HttpCli http;
+  app.add_option("--url", http.url, "HTTP mode: open-loop load against http://HOST:PORT/PATH (loopback only unless --allow-remote)");
+  app.add_option("--method", http.method, "HTTP mode: request method")->capture_default_str();
+  app.add_option("--body", http.body, "HTTP mode: request body");
+  app.add_option("--body-file", http.body_file, "HTTP mode: a file of bodies, one per line, cycled");
+  app.add_option("--header", http.headers, "HTTP mode: a request header \"Name: value\" (repeatable)");
+  app.add_option("--connections", http.connections, "HTTP mode: at most this many open connections")->capture_default_str()->check(CLI::Range(1, 100000));
+  app.add_option("--timeout-s", http.timeout_s, "HTTP mode: a request unanswered this long after its intended send time is a timeout")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--allow-remote", http.allow_remote, "HTTP mode: allow a host that is not a loopback address");
+#else
+  app.footer("This build has no --url (HTTP) mode: Boost (Beast/Asio) was not found when it was configured.");
+#endif
 
   try {
     app.parse(argc, argv);
@@ -533,6 +549,16 @@ int main(int argc, char** argv) {
   }
 
   try {
+#ifdef TAILBATCH_LOAD_HTTP
+    if (!http.url.empty()) {
+      tailbatch_load_http::CommonRun c{o.rate, o.sweep, std::nullopt, o.duration_s, o.warmup_s, o.slo_p95_ms,
+                                       o.arrivals, o.seed, o.out, o.quiet, o.json};
+      if (!o.steps.empty())
+        c.steps = parse_steps(o.steps, o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant
+                                                                 : tailbatch::ArrivalProcess::poisson);
+      return tailbatch_load_http::run_http(http, c);
+    }
+#endif
     if (o.simulate) return run_simulated(o);
     const tailbatch::LinearCost cost{from_ms(o.base_ms), from_ms(o.per_item_ms)};
     auto model = [cost](std::span<const Request> reqs, std::span<Response> resps, tailbatch::HostLane&) {

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Tests of `tailbatch-load --url` (open-loop HTTP load).
+
+    test_http_load.py /path/to/tailbatch-load /path/to/tailbatch-serve
+
+1. A short sweep against `tailbatch-serve --port 0`: one JSON object per rate with the
+   documented fields, the status counts and errors adding up to the requests sent, a
+   non-loopback host refused without --allow-remote.
+2. Coordinated omission: a tiny HTTP server started here (127.0.0.1, port 0) answers at
+   once except for one request, 1 s into the run, which it holds for 300 ms. Over one
+   connection at 200 requests/s the requests due during the stall wait for it, so the
+   open-loop p99 (from intended send times) must show the stall (>= 150 ms), while the
+   latency of the very same requests counted from when they were actually written (what
+   a closed-loop tool such as wrk reports, `p99_from_send_ms`) must not (< 100 ms): the
+   stall is charged to one request there.
+
+Every server started here is killed at the end, however the test ends. Exits 0 on
+success, 1 on the first failed check.
+"""
+import http.server
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+LOAD = sys.argv[1]
+SERVE = sys.argv[2] if len(sys.argv) > 2 else None
+procs = []
+
+
+def fail(msg):
+    print("FAIL: " + msg, flush=True)
+    raise SystemExit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+    print("ok   " + msg, flush=True)
+
+
+def run_load(*args, timeout=40):
+    out = tempfile.mkdtemp(prefix="tailbatch-http-load-")
+    p = subprocess.run([LOAD, "--quiet", "--json", "--out", out, *args], capture_output=True, text=True,
+                       timeout=timeout)
+    return p
+
+
+def runs_of(p):
+    return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+
+
+FIELDS = ["offered_rps", "achieved_rps", "p50_ms", "p95_ms", "p99_ms", "mean_batch", "errors", "status",
+          "requests", "connect_errors", "timeouts", "io_errors", "p99_from_send_ms", "send_lag_ms"]
+
+
+def test_serve():
+    srv = subprocess.Popen([SERVE, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    procs.append(srv)
+    box = []
+    t = threading.Thread(target=lambda: box.append(srv.stdout.readline()), daemon=True)
+    t.start()
+    t.join(20)
+    m = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)\n", box[0] if box else "")
+    if not m:
+        fail("tailbatch-serve did not say where it listens: %r" % box)
+    port = int(m.group(1))
+    p = run_load("--url", "http://127.0.0.1:%d/healthz" % port, "--sweep", "50,100", "--duration", "1.5",
+                 "--warmup", "0.3", "--slo-p95-ms", "1000", "--connections", "8")
+    check(p.returncode == 0, "sweep against tailbatch-serve exits 0 (stderr: %s)" % p.stderr[-400:])
+    runs = runs_of(p)
+    check(len(runs) == 2, "one JSON object per rate (got %d)" % len(runs))
+    for r in runs:
+        missing = [f for f in FIELDS if f not in r]
+        check(not missing, "%s rps: JSON has every field (missing %s)" % (r["offered_rps"], missing))
+        s = r["status"]
+        total = s["2xx"] + s["429"] + s["503"] + s["504"] + s["other"] + r["errors"]
+        check(total == r["requests"] and r["requests"] > 0,
+              "%s rps: statuses + errors (%d) add up to the requests sent (%d)" % (r["offered_rps"], total,
+                                                                                  r["requests"]))
+        check(r["errors"] == r["connect_errors"] + r["timeouts"] + r["io_errors"], "errors are connect + timeout + io")
+        check(s["2xx"] == r["requests"], "/healthz answers every request 200")
+        check(r["p95_ms"] > 0 and r["achieved_rps"] > 0, "p95 and throughput measured")
+        # Null unless classify batches ran meanwhile (the server's warm-up may still run).
+        check(r["mean_batch"] is None or r["mean_batch"] >= 1.0, "mean_batch is null or a batch size")
+    check(any(r.get("saturation") for r in runs) or not runs[0]["meets_slo"], "the saturation point is marked")
+    p = run_load("--url", "http://192.0.2.1:%d/healthz" % port, "--rate", "10", "--duration", "1", "--warmup", "0")
+    check(p.returncode == 1 and "not a loopback address" in p.stderr, "a non-loopback host is refused")
+    # The batch counters from /v1/stats when classify batches ran.
+    p = run_load("--url", "http://localhost:%d/v1/classify" % port, "--method", "POST", "--body",
+                 '{"text": "a fine film"}', "--rate", "20", "--duration", "1.5", "--warmup", "0.2",
+                 "--slo-p95-ms", "5000")
+    runs = runs_of(p)
+    check(p.returncode == 0 and len(runs) == 1, "one run against /v1/classify")
+    check(runs[0]["status"]["2xx"] > 0, "classify answered 2xx")
+    check(runs[0]["mean_batch"] is not None and runs[0]["mean_batch"] >= 1.0,
+          "mean_batch from /v1/stats (%s)" % runs[0]["mean_batch"])
+
+
+class StallHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # else Nagle and delayed ACKs add 40 ms to every answer
+    first = None
+    stalled = False
+    lock = threading.Lock()
+
+    def do_GET(self):
+        now = time.monotonic()
+        with StallHandler.lock:
+            if StallHandler.first is None:
+                StallHandler.first = now
+            stall = not StallHandler.stalled and now - StallHandler.first >= 1.0
+            if stall:
+                StallHandler.stalled = True
+        if stall:
+            time.sleep(0.3)
+        body = b"ok"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()  # flushes the headers
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_stall():
+    server = http.server.HTTPServer(("127.0.0.1", 0), StallHandler)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        port = server.server_address[1]
+        p = run_load("--url", "http://127.0.0.1:%d/" % port, "--rate", "200", "--arrivals", "constant",
+                     "--duration", "3", "--warmup", "0", "--connections", "1", "--slo-p95-ms", "1000")
+        runs = runs_of(p)
+        check(p.returncode == 0 and len(runs) == 1, "one run against the stalling server (%s)" % p.stderr[-300:])
+        r = runs[0]
+        check(StallHandler.stalled, "the server stalled once")
+        print("     open loop p99 %.1f ms, from actual send p99 %.1f ms, max %.1f ms" %
+              (r["p99_ms"], r["p99_from_send_ms"], r["max_ms"]))
+        check(r["max_ms"] >= 250, "the stalled request itself took >= 250 ms")
+        check(r["p99_ms"] >= 150, "open loop: the stall shows in p99 (%.1f ms >= 150)" % r["p99_ms"])
+        check(r["p99_from_send_ms"] < 100,
+              "closed-loop view of the same requests hides it (p99 from actual send %.1f ms < 100)" %
+              r["p99_from_send_ms"])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+try:
+    if SERVE:
+        test_serve()
+    test_stall()
+finally:
+    for pr in procs:
+        if pr.poll() is None:
+            pr.kill()
+            pr.wait()
+print("PASS")
