@@ -403,11 +403,11 @@ TEST_CASE("SubmitOptions::arrival: the timeout and the queue order count from th
 TEST_CASE("workers chooses the decode thread: the clock's default, or explicit", "[continuous_batcher]") {
   Recorder rec;
   Batcher manual(rec.fn(), config(1), rec.clock);
-  CHECK_FALSE(manual.threaded());  // ManualClock: none by default
+  CHECK(manual.worker_count() == 0);  // ManualClock: none by default
   auto c = config(1);
   c.workers = 1;
   Batcher threaded(rec.fn(), c, rec.clock);
-  CHECK(threaded.threaded());
+  CHECK(threaded.worker_count() == 1);
   CHECK(threaded.poll().admitted == 0);
   threaded.shutdown();
 
@@ -417,10 +417,10 @@ TEST_CASE("workers chooses the decode thread: the clock's default, or explicit",
       if (s.emits()) s.emit(1);
   };
   SBatcher by_default(emit_one);
-  CHECK(by_default.threaded());  // SteadyClock: the decode thread
+  CHECK(by_default.worker_count() == 1);  // SteadyClock: the decode thread
   c.workers = 0;
   SBatcher stepped(emit_one, c);
-  CHECK_FALSE(stepped.threaded());
+  CHECK(stepped.worker_count() == 0);
   SBatcher::Request r;
   r.max_new_tokens = 1;
   auto s = stepped.submit(std::move(r));
@@ -814,7 +814,7 @@ TEST_CASE("threaded mode: many submitting threads, every sequence exactly once, 
             if (s.emits()) s.emit(static_cast<int>(s.id() * 1000 + s.generated()));
         },
         c);
-    REQUIRE(b.threaded());  // SteadyClock: the decode thread by default
+    REQUIRE(b.worker_count() == 1);  // SteadyClock: the decode thread by default
     const int per_thread = 300 / tailbatch::test::sanitizer_slowdown + 5;
     std::atomic<int> bad{0};
     std::mutex m;

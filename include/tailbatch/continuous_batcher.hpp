@@ -442,8 +442,9 @@ class ContinuousBatcher {
     s.time_in_system_seconds = load_.time_in_system_s;
     return s;
   }
-  // Whether the decode thread runs (false: stepped by poll()). Thread-safe.
-  [[nodiscard]] bool threaded() const noexcept { return started_; }
+  // The number of worker threads, as Pipeline::worker_count(): 1 (the decode thread) or 0
+  // (stepped by poll()). Thread-safe.
+  [[nodiscard]] std::size_t worker_count() const noexcept { return started_ ? 1 : 0; }
   // The validated configuration. Thread-safe.
   [[nodiscard]] const ContinuousBatcherConfig& config() const noexcept { return config_; }
 
