@@ -267,8 +267,9 @@ void BM_Generation_Continuous(benchmark::State& state) {
   for (auto _ : state) {
     ContinuousBatcherConfig c;
     c.max_active = kBatch;
-    c.max_waiting = jobs.size();
-    Batcher b(c, [&](std::span<Batcher::Sequence> batch) { g.step_sequences(batch); });
+    c.queue_capacity = jobs.size();
+    c.workers = open_loop ? 1 : 0;  // offline: stepped here by poll()
+    Batcher b([&](std::span<Batcher::Sequence> batch) { g.step_sequences(batch); }, c);
     auto submit = [&](const Job& job) {
       Batcher::Request r;
       r.prompt = job.prompt;
@@ -277,17 +278,16 @@ void BM_Generation_Continuous(benchmark::State& state) {
       return b.submit(std::move(r));
     };
     if (open_loop) {
-      b.start();
       streams = arrive(jobs, rate, submit);
       tokens += wait_all(streams);
     } else {
       streams.clear();
       for (const auto& job : jobs) streams.push_back(submit(job));
-      while (b.active_approx() + b.waiting_approx() > 0) (void)b.step_once();
+      while (b.active_approx() + b.waiting_approx() > 0) (void)b.poll();
       tokens += wait_all(streams);
     }
     b.shutdown();
-    steps = b.stats_approx().steps;
+    steps = b.stats().steps;
   }
   report(state, tokens, steps, jobs);
   if (open_loop) report_ttft(state, streams, rate);

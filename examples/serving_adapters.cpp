@@ -45,12 +45,12 @@ int main() {
 
   // A toy decode loop: each step emits the next integer for every active sequence.
   using Batcher = tb::ContinuousBatcher<std::int32_t>;
-  Batcher batcher(tb::ContinuousBatcherConfig{}, [](std::span<Batcher::Sequence> batch) {
+  // SteadyClock: the constructor starts the decode thread (ContinuousBatcherConfig::workers).
+  Batcher batcher([](std::span<Batcher::Sequence> batch) {
     for (auto& s : batch) {
       if (s.emits()) s.emit(static_cast<std::int32_t>(s.generated() * 10));
     }
   });
-  batcher.start();
 
   // The connection's outbox: the callbacks append, the connection's thread writes.
   std::mutex mu;

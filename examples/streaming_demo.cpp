@@ -103,10 +103,10 @@ RunResult run(Generator& g, double load, double rate, std::size_t requests, std:
   result.rate = rate;
   ContinuousBatcherConfig config;
   config.max_active = kMaxActive;
-  config.max_waiting = requests;
+  config.queue_capacity = requests;
   config.stream.capacity = kMaxLen;  // a waiting client may hold a whole answer
-  Batcher batcher(config, [&](std::span<Batcher::Sequence> batch) { g.step_sequences(batch); });
-  batcher.start();
+  // SteadyClock: the batcher starts its decode thread here (ContinuousBatcherConfig::workers).
+  Batcher batcher([&](std::span<Batcher::Sequence> batch) { g.step_sequences(batch); }, config);
 
   reference::OutputLengths lengths(kMinLen, kMaxLen, seed);
   std::uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;

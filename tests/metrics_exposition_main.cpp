@@ -11,7 +11,7 @@
 //   cuda::FallbackLanes (CUDA builds)     tailbatch_lanes_host_fallback, and on a GPU the
 //                                         StreamPool's tailbatch_cuda_* metrics
 //
-// Everything runs on a ManualClock and is stepped by hand (poll(), step_once()): no thread
+// Everything runs on a ManualClock and is stepped by hand (poll(), poll()): no thread
 // is started, the output is the same on every run, and it takes milliseconds. FallbackLanes
 // needs the CUDA toolkit's headers and runtime, so it is built in only where CUDA is enabled
 // (TAILBATCH_EXPOSITION_CUDA, set by tests/promtool.cmake).
@@ -82,7 +82,7 @@ struct PipelineRig {
   PipelineRig(tailbatch::MetricsRegistry& registry, ManualClock clock)
       : clock_(clock),
         limiter_(tailbatch::AimdLimit(tailbatch::AimdConfig{.initial_limit = 8, .min_limit = 8, .max_limit = 64}),
-                 tailbatch::LimiterOptions{.max_queued = 0, .metrics = &registry,
+                 tailbatch::LimiterConfig{.queue_capacity = 0, .metrics = &registry,
                                            .metric_labels = {{"pipeline", "classifier"}}},
                  clock),
         pipeline_(
@@ -139,19 +139,18 @@ struct BatcherRig {
     c.max_active = 2;
     c.token_budget = 64;
     c.metrics = &registry;
-    c.labels = {{"pipeline", "generator"}};
+    c.metric_labels = {{"pipeline", "generator"}};
     return c;
   }
 
   BatcherRig(tailbatch::MetricsRegistry& registry, ManualClock clock)
       : batcher_(
-            config(registry),
             [clock](std::span<Batcher::Sequence> batch) mutable {
               clock.advance(2ms);
               for (auto& s : batch)
                 if (s.emits()) s.emit(static_cast<int>(s.generated()));
             },
-            clock) {}
+            config(registry), clock) {}
 
   void drive() {
     std::vector<std::shared_ptr<Batcher::Stream>> streams;
@@ -165,7 +164,7 @@ struct BatcherRig {
     huge.prompt.assign(8, 1);
     huge.max_new_tokens = 1000;  // beyond the token budget: rejected, too_large
     auto rejected = batcher_.submit(std::move(huge));
-    for (int i = 0; i < 50 && batcher_.stats_approx().ok < 3; ++i) (void)batcher_.step_once();
+    for (int i = 0; i < 50 && batcher_.stats().count(Status::ok) < 3; ++i) (void)batcher_.poll();
     for (auto& s : streams) {
       std::size_t tokens = 0;
       while (s->try_next()) ++tokens;  // the client reads its answer

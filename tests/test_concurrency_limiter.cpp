@@ -26,7 +26,7 @@ using tailbatch::AimdLimit;
 using tailbatch::ConcurrencyLimiter;
 using tailbatch::GradientConfig;
 using tailbatch::GradientLimit;
-using tailbatch::LimiterOptions;
+using tailbatch::LimiterConfig;
 using tailbatch::LimitWindow;
 using tailbatch::ManualClock;
 using tailbatch::QueueOrder;
@@ -510,7 +510,7 @@ TEST_CASE("acquire_for gets a permit handed over on release", "[limiter][wait]")
 
 TEST_CASE("waiters are served in FIFO order, or LIFO when asked", "[limiter][wait]") {
   for (auto order : {QueueOrder::fifo, QueueOrder::lifo}) {
-    ConcurrencyLimiter<> lim(StaticLimit{1}, LimiterOptions{.queue_order = order});
+    ConcurrencyLimiter<> lim(StaticLimit{1}, LimiterConfig{.queue_order = order});
     auto held = std::move(lim.try_acquire()).value();
     std::mutex m;
     std::vector<int> served;
@@ -534,7 +534,7 @@ TEST_CASE("waiters are served in FIFO order, or LIFO when asked", "[limiter][wai
 }
 
 TEST_CASE("a full queue rejects at once with queue_full", "[limiter][wait]") {
-  ConcurrencyLimiter<> lim(StaticLimit{1}, LimiterOptions{.max_queued = 1});
+  ConcurrencyLimiter<> lim(StaticLimit{1}, LimiterConfig{.queue_capacity = 1});
   auto held = std::move(lim.try_acquire()).value();
   bool first_ok = false;
   std::thread waiter([&] { first_ok = lim.acquire_for(1h).ok(); });
@@ -546,22 +546,22 @@ TEST_CASE("a full queue rejects at once with queue_full", "[limiter][wait]") {
   waiter.join();
   CHECK(first_ok);
 
-  ConcurrencyLimiter<> no_queue(StaticLimit{1}, LimiterOptions{.max_queued = 0});
+  ConcurrencyLimiter<> no_queue(StaticLimit{1}, LimiterConfig{.queue_capacity = 0});
   auto only = no_queue.try_acquire();
   CHECK(no_queue.acquire_for(1h).reason() == RejectReason::overloaded);
   CHECK(no_queue.queued_approx() == 0);
 }
 
-TEST_CASE("close() rejects waiters and later callers as shutting_down", "[limiter][wait]") {
+TEST_CASE("shutdown() rejects waiters and later callers as shutting_down", "[limiter][wait]") {
   ConcurrencyLimiter<> lim(StaticLimit{1});
   auto held = std::move(lim.try_acquire()).value();
   std::optional<RejectReason> reason;
   std::thread waiter([&] { reason = lim.acquire_for(1h).reason(); });
   REQUIRE(eventually([&] { return lim.queued_approx() == 1; }));
-  lim.close();
+  lim.shutdown();
   waiter.join();
   CHECK(reason == RejectReason::shutting_down);
-  CHECK(lim.closed());
+  CHECK(lim.is_shut_down());
   CHECK(lim.limit() == 0);
   CHECK(lim.try_acquire().reason() == RejectReason::shutting_down);
   CHECK(lim.acquire_for(1h).reason() == RejectReason::shutting_down);
@@ -569,7 +569,7 @@ TEST_CASE("close() rejects waiters and later callers as shutting_down", "[limite
   CHECK(lim.rejected_count(RejectReason::shutting_down) == 4);
   held.success();  // outstanding permits still release
   CHECK(lim.in_flight_approx() == 0);
-  lim.close();  // idempotent
+  lim.shutdown();  // idempotent
 }
 
 // --- many threads ----------------------------------------------------------------------------
@@ -878,13 +878,13 @@ TEST_CASE("metrics: limit, in-flight, queued and rejections by reason", "[limite
     ConcurrencyLimiter<AimdLimit, ManualClock> lim(
         AimdLimit(AimdConfig{
             .initial_limit = 1, .min_limit = 1, .window = 10ms, .min_window_samples = 1}),
-        LimiterOptions{
-            .max_queued = 0, .metrics = &registry, .metric_labels = {{"pipeline", "classifier"}}},
+        LimiterConfig{
+            .queue_capacity = 0, .metrics = &registry, .metric_labels = {{"pipeline", "classifier"}}},
         clock);
     auto a = std::move(lim.try_acquire()).value();
     CHECK_FALSE(lim.try_acquire().ok());
     CHECK_FALSE(lim.try_admit().has_value());
-    CHECK(lim.acquire_for(1s).reason() == RejectReason::overloaded);  // max_queued = 0
+    CHECK(lim.acquire_for(1s).reason() == RejectReason::overloaded);  // queue_capacity = 0
     clock.advance(20ms);
     a.success();  // closes a window: mean RTT 20 ms, limit 1 -> 2
     const auto text = registry.prometheus();
@@ -909,6 +909,6 @@ TEST_CASE("metrics: limit, in-flight, queued and rejections by reason", "[limite
   CHECK(after.find("tailbatch_limiter_in_flight") == std::string::npos);
   CHECK(after.find("tailbatch_limiter_rejections_total") != std::string::npos);
   // A static limiter has no window RTT gauge.
-  ConcurrencyLimiter<> plain(StaticLimit{5}, LimiterOptions{.metrics = &registry});
+  ConcurrencyLimiter<> plain(StaticLimit{5}, LimiterConfig{.metrics = &registry});
   CHECK(registry.prometheus().find("tailbatch_limiter_limit 5") != std::string::npos);
 }

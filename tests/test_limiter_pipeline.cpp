@@ -204,7 +204,7 @@ TEST_CASE("limiter + Pipeline: limit, in-flight, queued and rejections exported 
   Model m(clock, 5ms);
   HostLanes lanes(1, 1);
   Limiter<StaticLimit> limiter(
-      StaticLimit{8}, LimiterOptions{.metrics = &registry, .metric_labels = labels}, clock);
+      StaticLimit{8}, LimiterConfig{.metrics = &registry, .metric_labels = labels}, clock);
   Pipe<StaticLimit>::Config config;
   config.metrics = &registry;
   config.metric_labels = labels;

@@ -111,7 +111,7 @@ struct Options {
   double slo_p95_ms = 100.0;  // drawn on the dashboard; reported in /v1/stats
 
   std::size_t gen_max_active = 16;
-  std::size_t gen_max_waiting = 256;
+  std::size_t gen_queue_capacity = 256;
   std::size_t gen_max_tokens = 1024;
   std::size_t gen_token_budget = 65536;
 
@@ -645,8 +645,8 @@ ref::ClassifierConfig classifier_config() { return ref::ClassifierConfig{}; }
 
 std::unique_ptr<ServerAdmission::Limiter> make_limiter(const Options& o, tb::MetricsRegistry& registry) {
   if (o.limit == 0) return nullptr;
-  tb::LimiterOptions lo;
-  lo.max_queued = 0;
+  tb::LimiterConfig lo;
+  lo.queue_capacity = 0;
   lo.metrics = &registry;
   lo.metric_labels = {{"route", "classify"}};
   return std::make_unique<ServerAdmission::Limiter>(tb::StaticLimit(o.limit), lo);
@@ -689,17 +689,20 @@ Server::Server(const Options& o)
 
   tb::ContinuousBatcherConfig bc;
   bc.max_active = o.gen_max_active;
-  bc.max_waiting = o.gen_max_waiting;
+  bc.queue_capacity = o.gen_queue_capacity;
   bc.token_budget = o.gen_token_budget;
   bc.drain_timeout = std::chrono::milliseconds(o.drain_timeout_ms);
   bc.metrics = &registry_;
-  bc.labels = {{"model", "generate"}};
-  batcher_ = std::make_unique<Batcher>(bc, [this](std::span<Batcher::Sequence> batch) {
-    std::size_t emitting = 0;
-    for (const auto& s : batch) emitting += s.emits() ? 1 : 0;
-    generator_.step_sequences(batch);
-    token_rate_.add(emitting, std::chrono::steady_clock::now());
-  });
+  bc.metric_labels = {{"model", "generate"}};
+  bc.workers = 1;  // the decode thread, started here; it waits for work until run() accepts
+  batcher_ = std::make_unique<Batcher>(
+      [this](std::span<Batcher::Sequence> batch) {
+        std::size_t emitting = 0;
+        for (const auto& s : batch) emitting += s.emits() ? 1 : 0;
+        generator_.step_sequences(batch);
+        token_rate_.add(emitting, std::chrono::steady_clock::now());
+      },
+      bc);
 
   const auto window = std::chrono::seconds(o.stats_window_s);
   classify_latency_ = &registry_.windowed_histogram("tailbatch_serve_request_duration_seconds",
@@ -845,7 +848,9 @@ void Server::generate(const std::shared_ptr<Connection>& c, const http::request<
   r.prompt.assign(ids.begin(), ids.end());
   r.max_new_tokens = decoded->max_tokens;
   r.state = generator_.new_state(next_seed_.fetch_add(1, std::memory_order_relaxed));
-  r.deadline = *deadline;
+  tb::SubmitOptions so;
+  so.deadline = *deadline;
+  so.arrival = c->context().arrival;  // queue wait counts from the headers' arrival
   auto job = std::make_shared<Connection::GenerateJob>();
   job->conn = c;
   job->stream = decoded->stream;
@@ -876,14 +881,14 @@ void Server::generate(const std::shared_ptr<Connection>& c, const http::request<
   c->work_started();
   // Registered before submit: a rejection ends the stream inside submit.
   c->set_generate(job, nullptr);
-  auto stream = batcher_->submit(std::move(r), std::move(cb));
+  auto stream = batcher_->submit(std::move(r), so, std::move(cb));
   c->set_generate(job, std::move(stream));
 }
 
 std::string Server::stats_json() {
   const auto now = std::chrono::steady_clock::now();
   const tb::PipelineStats ps = pipeline_->stats();
-  const auto cs = batcher_->stats_approx();
+  const auto cs = batcher_->stats();
   auto pct = [](const tb::HistogramSnapshot& s) {
     auto ms = [&](double p) { return s.count() ? static_cast<double>(s.percentile(p).count()) / 1e6 : 0.0; };
     return json{{"count", s.count()}, {"p50", ms(50)}, {"p95", ms(95)}, {"p99", ms(99)}};
@@ -941,11 +946,11 @@ std::string Server::stats_json() {
                    {"tokens", cs.tokens},
                    {"tokens_per_s", token_rate_.per_second(now)},
                    {"requests",
-                    {{"ok", cs.ok},
-                     {"rejected", cs.rejected},
-                     {"deadline_exceeded", cs.deadline_exceeded},
-                     {"cancelled", cs.cancelled},
-                     {"failed", cs.failed}}}};
+                    {{"ok", cs.count(tb::Status::ok)},
+                     {"rejected", cs.count(tb::Status::rejected)},
+                     {"deadline_exceeded", cs.count(tb::Status::deadline_exceeded)},
+                     {"cancelled", cs.count(tb::Status::cancelled)},
+                     {"failed", cs.count(tb::Status::failed)}}}};
   j["http"] = {{"in_flight", in_flight_.load()},
                {"connections", connections_.load()},
                {"client_disconnects", disconnects_->value()},
@@ -1036,7 +1041,6 @@ int Server::run() {
   std::printf("listening on %s:%u\n", bound.address().to_string().c_str(), static_cast<unsigned>(bound.port()));
   std::fflush(stdout);
 
-  batcher_->start();
   signals_.async_wait([this](beast::error_code ec, int) {
     if (!ec) begin_drain();
   });
@@ -1109,7 +1113,7 @@ int main(int argc, char** argv) {
   app.add_option("--gen-max-active", o.gen_max_active, "Sequences decoded together")
       ->check(CLI::Range(std::size_t{1}, std::size_t{4096}))
       ->capture_default_str();
-  app.add_option("--gen-max-waiting", o.gen_max_waiting, "Generate requests that may wait; more get 503 queue_full")
+  app.add_option("--gen-max-waiting", o.gen_queue_capacity, "Generate requests that may wait; more get 503 queue_full")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
       ->capture_default_str();
   app.add_option("--gen-max-tokens", o.gen_max_tokens, "Largest max_tokens a generate request may ask for")

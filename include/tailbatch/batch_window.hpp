@@ -34,24 +34,9 @@
 #include <vector>
 
 #include <tailbatch/detail/throw.hpp>
+#include <tailbatch/submit_options.hpp>
 
 namespace tailbatch {
-
-// A request's priority. A batch is filled from higher priorities first; a lower priority
-// whose oldest request has waited longer than the Pipeline's starvation limit is served
-// first (so that it is never starved).
-enum class Priority : std::uint8_t { high = 0, normal = 1, low = 2 };
-inline constexpr std::size_t priority_levels = 3;
-
-// A short, stable, lower-case name ("high"). Never allocates. Thread-safe.
-[[nodiscard]] constexpr std::string_view to_string(Priority p) noexcept {
-  switch (p) {
-    case Priority::high: return "high";
-    case Priority::normal: return "normal";
-    case Priority::low: return "low";
-  }
-  return "unknown";
-}
 
 // Why a batch was dispatched; the label of the dispatch-reason counters.
 enum class DispatchReason : std::uint8_t {
@@ -81,10 +66,8 @@ enum class BatchOrder : std::uint8_t {
   earliest_deadline,  // earliest deadline first; requests without a deadline last, in arrival order
 };
 
-// Every policy reads time as std::chrono::steady_clock time points, which both SteadyClock
-// and ManualClock produce.
-using BatchTime = std::chrono::steady_clock::time_point;
-using BatchDuration = std::chrono::steady_clock::duration;
+// Every policy reads time as BatchTime (submit_options.hpp): std::chrono::steady_clock
+// time points, which both SteadyClock and ManualClock produce.
 
 // The largest max_batch a shipped policy accepts (and the largest PreferredSizes size).
 // Batch buffers are sized by max_batch when a Pipeline is built, so a larger value is a

@@ -54,12 +54,12 @@ enum class QueueOrder : std::uint8_t {
 };
 
 // Limiter settings that do not belong to the limit algorithm.
-struct LimiterOptions {
+struct LimiterConfig {
   QueueOrder queue_order = QueueOrder::fifo;
   // At most this many callers wait in acquire_for()/acquire_until() at once; more are
   // rejected with RejectReason::queue_full. Zero: no waiting at all (those calls behave like
   // try_acquire()).
-  std::uint32_t max_queued = 1024;
+  std::uint32_t queue_capacity = 1024;
   // Metrics, registered at construction with metric_labels added to each; nullptr: none,
   // at no cost. The registry must outlive the limiter.
   //   tailbatch_limiter_limit            gauge    the limit in force
@@ -83,9 +83,9 @@ struct LimiterOptions {
 // and std::bad_alloc; every other member but inspect_algorithm() (which passes on what f
 // throws) is noexcept. Of an Acquisition, value() throws BadOutcomeAccess on a rejection and
 // error()/to_outcome() may throw std::bad_alloc. Blocking: only acquire_for(),
-// acquire_until() and close() block (on the waiter mutex, and acquire_* until a permit or
+// acquire_until() and shutdown() block (on the waiter mutex, and acquire_* until a permit or
 // the deadline). Allocation: once, at construction, for the sample windows of learning
-// algorithms (about 8 KiB) and, with LimiterOptions::metrics, to register metrics; never
+// algorithms (about 8 KiB) and, with LimiterConfig::metrics, to register metrics; never
 // afterwards (Acquisition::error() and to_outcome() allocate a message when asked).
 //
 // Lifetime: the limiter must outlive its permits. Not copyable, not movable (permits point
@@ -196,7 +196,7 @@ class ConcurrencyLimiter {
         case RejectReason::queue_full:
           return "tailbatch: too many callers are waiting for a permit";
         case RejectReason::shutting_down:
-          return "tailbatch: the concurrency limiter is closed";
+          return "tailbatch: the concurrency limiter is shut down";
         default:
           return {};
       }
@@ -237,31 +237,31 @@ class ConcurrencyLimiter {
   };
 
   // A limiter starting at algorithm.limit(). Allocates the sample windows when the algorithm
-  // learns, and registers metrics when options.metrics is set. Throws std::bad_alloc, and
+  // learns, and registers metrics when config.metrics is set. Throws std::bad_alloc, and
   // std::invalid_argument for metric labels the registry refuses.
-  explicit ConcurrencyLimiter(Algorithm algorithm, LimiterOptions options = {}, C clock = C{})
-      : options_(options), clock_(std::move(clock)), algorithm_(std::move(algorithm)) {
+  explicit ConcurrencyLimiter(Algorithm algorithm, LimiterConfig config = {}, C clock = C{})
+      : config_(config), clock_(std::move(clock)), algorithm_(std::move(algorithm)) {
     max_limit_ = clamp_limit(algorithm_.max_limit());
     word_.store(pack(clamp_limit(algorithm_.limit()), 0), std::memory_order_relaxed);
     if constexpr (learns) {
       learning_ = std::make_unique<Learning>();
       open_window(clock_.now());
     }
-    if (options_.metrics != nullptr) register_metrics(*options_.metrics);
+    if (config_.metrics != nullptr) register_metrics(*config_.metrics);
   }
 
   ConcurrencyLimiter(const ConcurrencyLimiter&) = delete;
   ConcurrencyLimiter& operator=(const ConcurrencyLimiter&) = delete;
 
-  // Closes the limiter (waking any waiters). Precondition: no permit is outstanding.
+  // Shuts the limiter down (waking any waiters). Precondition: no permit is outstanding.
   ~ConcurrencyLimiter() {
-    close();
+    shutdown();
     assert(in_flight_approx() == 0 && "ConcurrencyLimiter destroyed with permits outstanding");
   }
 
   // A permit if in-flight work is below the limit and no caller is waiting in
   // acquire_for()/acquire_until() (waiters go first); else Status::rejected with
-  // RejectReason::overloaded (shutting_down after close()), and a retry_after hint when the
+  // RejectReason::overloaded (shutting_down after shutdown()), and a retry_after hint when the
   // algorithm learns. Never blocks, never allocates. Thread-safe.
   [[nodiscard]] Acquisition try_acquire() noexcept {
     std::uint64_t word = 0;
@@ -271,7 +271,7 @@ class ConcurrencyLimiter {
 
   // Like try_acquire(), but when no permit is free, waits in the queue until one is handed
   // over or the timeout passes (then RejectReason::overloaded), the queue is full
-  // (RejectReason::queue_full, at once) or the limiter is closed (shutting_down). Blocks up
+  // (RejectReason::queue_full, at once) or the limiter is shut down (shutting_down). Blocks up
   // to the timeout; never allocates. Thread-safe.
   template <class Rep, class Period>
   [[nodiscard]] Acquisition acquire_for(std::chrono::duration<Rep, Period> timeout) noexcept {
@@ -283,7 +283,7 @@ class ConcurrencyLimiter {
     std::uint64_t word = 0;
     if (try_take_slot(word)) return Acquisition(make_permit(word));
     if (closed_.load(std::memory_order_acquire)) return reject(RejectReason::shutting_down);
-    if (options_.max_queued == 0 || clock_.now() >= deadline)
+    if (config_.queue_capacity == 0 || clock_.now() >= deadline)
       return reject(RejectReason::overloaded);
 
     std::unique_lock lock(mu_);
@@ -291,7 +291,7 @@ class ConcurrencyLimiter {
       lock.unlock();
       return reject(RejectReason::shutting_down);
     }
-    if (queued_count_ >= options_.max_queued) {
+    if (queued_count_ >= config_.queue_capacity) {
       lock.unlock();
       return reject(RejectReason::queue_full);
     }
@@ -354,7 +354,7 @@ class ConcurrencyLimiter {
   // Stops issuing permits: every waiter and every later acquire is rejected with
   // RejectReason::shutting_down; outstanding permits release as usual. Idempotent. Blocks
   // briefly on the limiter's mutexes. Thread-safe.
-  void close() noexcept {
+  void shutdown() noexcept {
     {
       std::lock_guard update(update_mu_);
       closed_.store(true, std::memory_order_release);
@@ -369,10 +369,10 @@ class ConcurrencyLimiter {
     }
   }
 
-  // Whether close() was called. Thread-safe.
-  [[nodiscard]] bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
+  // Whether shutdown() was called. Thread-safe.
+  [[nodiscard]] bool is_shut_down() const noexcept { return closed_.load(std::memory_order_acquire); }
 
-  // The limit in force now (0 after close()). A snapshot. Thread-safe.
+  // The limit in force now (0 after shutdown()). A snapshot. Thread-safe.
   [[nodiscard]] std::uint32_t limit() const noexcept {
     return static_cast<std::uint32_t>(word_.load(std::memory_order_relaxed) >> 32);
   }
@@ -401,7 +401,8 @@ class ConcurrencyLimiter {
   [[nodiscard]] std::chrono::nanoseconds retry_after_hint() const noexcept {
     return std::chrono::nanoseconds(retry_after_ns_.load(std::memory_order_relaxed));
   }
-  [[nodiscard]] const LimiterOptions& options() const noexcept { return options_; }
+  // The configuration it was built with. Thread-safe.
+  [[nodiscard]] const LimiterConfig& config() const noexcept { return config_; }
   [[nodiscard]] const C& clock() const noexcept { return clock_; }
 
   // Calls f(const Algorithm&) while no window can close, and returns its result: a
@@ -495,7 +496,7 @@ class ConcurrencyLimiter {
   }
 
   void register_metrics(MetricsRegistry& r) {
-    const Labels& base = options_.metric_labels;
+    const Labels& base = config_.metric_labels;
     for (auto reason :
          {RejectReason::overloaded, RejectReason::queue_full, RejectReason::shutting_down}) {
       rejection_counters_[static_cast<std::size_t>(reason)] =
@@ -567,7 +568,7 @@ class ConcurrencyLimiter {
     while (head_ != nullptr) {
       std::uint64_t word = 0;
       if (!try_take_slot(word, true)) return;
-      Waiter* w = options_.queue_order == QueueOrder::fifo ? head_ : tail_;
+      Waiter* w = config_.queue_order == QueueOrder::fifo ? head_ : tail_;
       unlink(w);
       w->granted = true;
       w->word = word;
@@ -669,7 +670,7 @@ class ConcurrencyLimiter {
     if (next > (before >> 32) && (before & kWaitersFlag) != 0) grant_waiters();
   }
 
-  LimiterOptions options_;
+  LimiterConfig config_;
   [[no_unique_address]] C clock_;
   std::uint32_t max_limit_ = 0;
 
@@ -691,7 +692,7 @@ class ConcurrencyLimiter {
   Waiter* tail_ = nullptr;
   std::uint32_t queued_count_ = 0;
 
-  // Serialises window closes, limit updates and close().
+  // Serialises window closes, limit updates and shutdown().
   mutable std::mutex update_mu_;
   Algorithm algorithm_;
   std::unique_ptr<Learning> learning_;

@@ -24,12 +24,15 @@
 // prefill_chunk prompt tokens per sequence, so that a long prompt is spread over several
 // steps instead of stalling everyone else's next token.
 //
-// Deadlines. As everywhere in tailbatch, a request's `deadline` is a latest start: the
-// latest time the sequence may be admitted into the active set (its first step follows
-// with no user code in between). A sequence admitted in time runs to its end. A bound on
-// the whole generation is a separate field, `completion_deadline`: a sequence still active
-// at it is retired at the next step boundary. `timeout` bounds the deadline relative to
-// submission; a negative one (a budget already spent upstream) expires the request at once.
+// Per-request options. submit(request, options) takes the same SubmitOptions as
+// Pipeline::submit (submit_options.hpp): deadline, timeout, arrival, priority, cancel. As
+// everywhere in tailbatch, the `deadline` is a latest start: the latest time the sequence
+// may be admitted into the active set (its first step follows with no user code in
+// between). A sequence admitted in time runs to its end. A bound on the whole generation
+// belongs to the generation request itself, Request::completion_deadline: a sequence
+// still active at it is retired at the next step boundary. `timeout` bounds the deadline
+// relative to the arrival; a negative one (a budget already spent upstream) expires the
+// request at once.
 //
 // Outcomes. Every submitted sequence completes exactly once, through its stream's close:
 // ok (finished, or max_new_tokens reached), rejected (queue_full, too_large,
@@ -38,18 +41,21 @@
 // delivered), cancelled (by its consumer; it leaves the active set before the next step),
 // failed (the step threw, or called seq.fail(); the loop lives on).
 //
-// Load. stats_approx() carries the time integral of the sequences in flight (active +
+// Load. stats() carries the time integral of the sequences in flight (active +
 // waiting) and the sequences that left, so that two readings give the mean in flight and
 // the throughput over the same window (load_between()): the inputs of the Little's-law
 // check (check_littles_law in littles_law.hpp).
 //
-// Threads. Constructing a ContinuousBatcher starts no thread. start() launches the one
-// decode thread it owns, which runs step() and the stream callbacks; shutdown() (or the
-// destructor) stops and joins it. Without start(), the caller drives the loop with
-// step_once() (manual mode: deterministic tests on ManualClock, or a loop the caller owns).
+// Threads. ContinuousBatcherConfig::workers chooses them, as PipelineConfig::workers does:
+// unset, the default for the clock (the one decode thread with SteadyClock, none with any
+// other); 1, the decode thread; 0, none. The constructor starts the decode thread, which
+// runs step() and the stream callbacks; shutdown() (or the destructor) stops and joins it.
+// With no thread the caller drives the loop with poll() (deterministic tests on
+// ManualClock, or a loop the caller owns).
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -65,6 +71,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -72,7 +79,9 @@
 #include <tailbatch/detail/cbatch_waiting.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
+#include <tailbatch/detail/throw.hpp>
 #include <tailbatch/outcome.hpp>
+#include <tailbatch/submit_options.hpp>
 #include <tailbatch/token_streamer.hpp>
 
 namespace tailbatch {
@@ -87,30 +96,37 @@ struct ContinuousBatcherConfig {
   // Tokens the active set may reserve: each sequence reserves prompt + max_new_tokens.
   // Must be >= 1.
   std::size_t token_budget = 65536;
-  // Most sequences waiting for admission; a submit beyond it is rejected (queue_full).
-  // Must be >= 1.
-  std::size_t max_waiting = 1024;
+  // Most sequences waiting for admission; a submit beyond it is rejected (queue_full) with
+  // a retry-after hint. Must be >= 1.
+  std::size_t queue_capacity = 1024;
   // Most prompt + decode tokens in one step; 0: no limit. Decoding sequences are served
   // first, so it must be 0 or >= max_active.
   std::size_t max_step_tokens = 0;
   // Most prompt tokens of one sequence in one step; 0: the whole rest of the prompt.
   std::size_t prefill_chunk = 0;
   // What one priority level is worth in waiting time (see detail/cbatch_waiting.hpp): a
-  // sequence of priority p is served as if it had arrived p * priority_step earlier.
-  // Must be >= 0.
+  // Priority::high sequence is served as if it had arrived priority_step earlier, a
+  // Priority::low one as if priority_step later, than a Priority::normal one. Must be >= 0.
   std::chrono::nanoseconds priority_step{std::chrono::milliseconds(100)};
   // How long shutdown() lets active sequences finish before it cancels them. Must be >= 0.
   std::chrono::nanoseconds drain_timeout{std::chrono::seconds(10)};
   // Stream options for requests that do not bring their own.
   StreamOptions stream{};
-  // Where to register metrics (nullptr: none, no cost); must outlive the batcher.
+  // The decode thread, started by the constructor. Unset: the default for the clock, 1
+  // with SteadyClock, 0 with any other. 0: no thread, the caller drives poll(). At most 1
+  // (std::invalid_argument "workers" otherwise). The decode thread only waits for work,
+  // never on the clock, so 1 is allowed with any clock. Same field, same meaning, in
+  // PipelineConfig.
+  std::optional<std::size_t> workers{};
+  // Metrics (tailbatch_generation_*, tailbatch_stream_*), registered at construction with
+  // metric_labels added to each (e.g. {{"model", "chat"}}). nullptr: none, at no cost. The
+  // registry must outlive the batcher.
   MetricsRegistry* metrics = nullptr;
-  // Labels added to every metric this batcher registers (e.g. {{"model", "chat"}}).
-  Labels labels{};
+  Labels metric_labels{};
 };
 
-// What one step_once() call did.
-struct StepReport {
+// What one ContinuousBatcher::poll() did (the counterpart of the Pipeline's PollResult).
+struct ContinuousBatcherPollResult {
   std::size_t admitted = 0;     // sequences moved from waiting to active
   std::size_t scheduled = 0;    // sequences handed to step()
   std::size_t step_tokens = 0;  // prompt + decode tokens in that step
@@ -120,19 +136,30 @@ struct StepReport {
   bool failed = false;          // step() threw
 };
 
-// Totals since construction. The counters are read without a lock (each racy with the
+// Totals since construction, in the same shape as PipelineStats: outcome counts in arrays
+// indexed by Status and RejectReason, read with count(). Exact once shutdown() has
+// returned; while the batcher runs the counters are read without a lock (each racy with the
 // others); the four load fields are read together under the batcher's lock, so they are
 // consistent with one another.
 struct ContinuousBatcherStats {
   std::uint64_t submitted = 0;
-  std::uint64_t admitted = 0;
-  std::uint64_t steps = 0;
-  std::uint64_t tokens = 0;
-  std::uint64_t ok = 0;
-  std::uint64_t rejected = 0;
-  std::uint64_t deadline_exceeded = 0;
-  std::uint64_t cancelled = 0;
-  std::uint64_t failed = 0;
+  std::array<std::uint64_t, 5> by_status{};          // sequences completed, indexed by Status
+  std::array<std::uint64_t, 5> rejected_by_reason{};  // indexed by RejectReason
+  std::uint64_t admitted = 0;                         // sequences moved into the active set
+  std::uint64_t steps = 0;                            // step() calls
+  std::uint64_t tokens = 0;                           // tokens emitted
+
+  // Sequences completed with this status / rejected for this reason. Never blocks.
+  [[nodiscard]] std::uint64_t count(Status s) const noexcept { return by_status[static_cast<std::size_t>(s)]; }
+  [[nodiscard]] std::uint64_t count(RejectReason r) const noexcept {
+    return rejected_by_reason[static_cast<std::size_t>(r)];
+  }
+  // Sequences completed with any status. Never blocks.
+  [[nodiscard]] std::uint64_t completed() const noexcept {
+    std::uint64_t n = 0;
+    for (std::uint64_t c : by_status) n += c;
+    return n;
+  }
 
   // Load, for Little's law (take two readings and call load_between()). "In flight" is a
   // sequence in the waiting queue or the active set: from a submit that queued it to the
@@ -155,7 +182,7 @@ struct ContinuousBatcherLoad {
   std::chrono::nanoseconds mean_time_in_system{0};
 };
 
-// The load between two readings of the same batcher's stats_approx(), `earlier` taken
+// The load between two readings of the same batcher's stats(), `earlier` taken
 // first. A window that is not positive (readings out of order, or the same instant)
 // gives all zeros. Feed it to check_littles_law(load.throughput_per_s, mean_latency,
 // load.mean_in_flight) with the mean latency your server measured over the same window
@@ -181,9 +208,11 @@ struct ContinuousBatcherLoad {
 // sequence data the engine keeps with it (moved in from the request, handed back in every
 // step). C: the clock that times deadlines, priorities and metrics.
 //
-// Thread-safety: submit(), shutdown(), the observers and stats are thread-safe; step_once()
-// calls are serialized internally (one step at a time) and refused after start().
-// Exceptions: the constructor throws std::invalid_argument naming a bad config field;
+// Thread-safety: submit(), shutdown(), the observers and stats() are thread-safe; poll()
+// calls are serialized internally (one step at a time) and do nothing while the decode
+// thread runs.
+// Exceptions: the constructor throws std::invalid_argument naming a bad config field
+// (std::system_error if the decode thread cannot start);
 // submit() throws std::invalid_argument for bad stream options and std::bad_alloc, and
 // otherwise reports every outcome through the stream; an exception from step() fails the
 // sequences of that step and is not rethrown.
@@ -197,24 +226,17 @@ class ContinuousBatcher {
   using duration = typename C::duration;
   using Stream = TokenStreamer<Token, C>;
 
-  // One generation request.
+  // One generation request: what to generate. How it is scheduled (latest start,
+  // timeout, arrival, priority, cancellation) travels beside it in SubmitOptions, as for
+  // the Pipeline; only the generation's own end bound, completion_deadline, lives here.
   struct Request {
     std::vector<Token> prompt;
     std::size_t max_new_tokens = 16;  // the sequence ends ok after this many tokens
     State state{};                    // handed to the engine as seq.state()
-    int priority = 0;                 // higher is served sooner (see priority_step)
-    // The latest time the sequence may be admitted (start); not admitted by then, it
-    // completes with Status::deadline_exceeded without running. time_point::max(): none.
-    time_point deadline = time_point::max();
-    // > 0: the deadline is also at most the batcher clock's now() + timeout at submit.
-    // < 0: the budget was spent upstream; the request completes with deadline_exceeded at
-    // once. 0: no timeout.
-    std::chrono::nanoseconds timeout{0};
     // The time by which the whole generation must be over: a sequence still active then is
     // retired at the next step boundary with Status::deadline_exceeded (the tokens already
     // emitted stay delivered), and one still waiting is dropped. time_point::max(): none.
     time_point completion_deadline = time_point::max();
-    CancellationToken cancel{};
     std::optional<StreamOptions> stream;  // default: the config's
   };
 
@@ -226,7 +248,7 @@ class ContinuousBatcher {
     // Submission order, from 1. Never blocks.
     [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
     [[nodiscard]] std::span<const Token> prompt() const noexcept { return prompt_; }
-    [[nodiscard]] int priority() const noexcept { return priority_; }
+    [[nodiscard]] Priority priority() const noexcept { return priority_; }
     [[nodiscard]] std::size_t max_new_tokens() const noexcept { return max_new_; }
     // The latest admission time (already met: the sequence is running). Never blocks.
     [[nodiscard]] time_point deadline() const noexcept { return deadline_; }
@@ -287,10 +309,11 @@ class ContinuousBatcher {
     std::vector<Token> prompt_;
     std::size_t max_new_ = 0;
     State state_{};
-    int priority_ = 0;
+    Priority priority_ = Priority::normal;
     time_point deadline_{};
     time_point completion_deadline_{};
-    time_point submitted_{};
+    time_point submitted_{};  // its arrival (SubmitOptions::arrival, else the submit)
+    time_point queued_at_{};  // the submit: when it entered the waiting queue
     std::shared_ptr<Stream> stream_;
     std::size_t reserved_ = 0;
     std::size_t prefilled_ = 0;
@@ -307,13 +330,19 @@ class ContinuousBatcher {
   using StepFn = std::function<void(std::span<Sequence>)>;
 
   // Validates config (std::invalid_argument naming the field), registers metrics if
-  // config.metrics is set. Starts no thread. Allocates.
-  ContinuousBatcher(ContinuousBatcherConfig config, StepFn step, C clock = C{})
+  // config.metrics is set, and starts the decode thread if config.workers asks for it
+  // (see ContinuousBatcherConfig::workers; std::system_error if it cannot start).
+  // Allocates.
+  explicit ContinuousBatcher(StepFn step, ContinuousBatcherConfig config = {}, C clock = C{})
       : config_(validated(std::move(config))), step_(std::move(step)), clock_(std::move(clock)) {
-    if (!step_) throw std::invalid_argument("ContinuousBatcher: step must be callable");
+    if (!step_) detail::throw_invalid_argument("ContinuousBatcher: step must be callable");
     load_.last_ns = ns_since_epoch(clock_.now());
     active_.reserve(config_.max_active);
     if (config_.metrics) register_metrics(*config_.metrics);
+    if (config_.workers.value_or(std::is_same_v<C, SteadyClock> ? 1 : 0) == 1) {
+      started_ = true;
+      thread_ = std::thread([this] { run(); });
+    }
   }
 
   ContinuousBatcher(const ContinuousBatcher&) = delete;
@@ -322,45 +351,34 @@ class ContinuousBatcher {
   // Shuts down (see shutdown()): blocks until every sequence has completed.
   ~ContinuousBatcher() { shutdown(); }
 
-  // Queues a request and returns its pull-mode stream. Every outcome, rejection included,
-  // arrives through the stream (a rejected stream is closed before submit returns). Never
-  // blocks on the decode loop beyond a short lock. Throws std::invalid_argument if
-  // request.stream is invalid, std::bad_alloc. Thread-safe.
-  [[nodiscard]] std::shared_ptr<Stream> submit(Request request) {
-    return submit_impl(std::move(request), StreamCallbacks<Token>{});
+  // Queues a request with these options (SubmitOptions, the Pipeline's) and returns its
+  // pull-mode stream. Every outcome, rejection included, arrives through the stream (a
+  // rejected stream is closed before submit returns). Never blocks on the decode loop
+  // beyond a short lock. Throws std::invalid_argument if request.stream is invalid,
+  // std::bad_alloc. Thread-safe.
+  [[nodiscard]] std::shared_ptr<Stream> submit(Request request, SubmitOptions options = {}) {
+    return submit_impl(std::move(request), options, StreamCallbacks<Token>{});
   }
 
-  // Like submit(request), in callback mode: on_tokens and on_end run on the decode thread
-  // (on the submitting thread for a request rejected at once). The returned stream serves
-  // cancel() and end(). Thread-safe.
+  // Like submit(request, options), in callback mode: on_tokens and on_end run on the
+  // decode thread (or in poll()'s caller; on the submitting thread for a request rejected
+  // at once). The returned stream serves cancel() and end(). Thread-safe.
+  std::shared_ptr<Stream> submit(Request request, SubmitOptions options, StreamCallbacks<Token> callbacks) {
+    return submit_impl(std::move(request), options, std::move(callbacks));
+  }
+
+  // As above, with default options. Thread-safe.
   std::shared_ptr<Stream> submit(Request request, StreamCallbacks<Token> callbacks) {
-    return submit_impl(std::move(request), std::move(callbacks));
+    return submit_impl(std::move(request), SubmitOptions{}, std::move(callbacks));
   }
 
-  // Starts the decode thread this batcher owns; it runs until shutdown(). Throws
-  // std::logic_error if already started or shut down, std::system_error if the thread
-  // cannot start. Thread-safe.
-  void start() {
-    std::lock_guard control(control_mutex_);
-    if (thread_.joinable() || started_)
-      throw std::logic_error("ContinuousBatcher: start() called twice");
-    {
-      std::lock_guard lock(mutex_);
-      if (stopping_) throw std::logic_error("ContinuousBatcher: start() after shutdown()");
-    }
-    started_ = true;
-    thread_ = std::thread([this] { run(); });
-  }
-
-  // Manual mode: one turn of the loop: retires cancelled and expired sequences, admits
-  // waiting ones, calls step() once if any sequence has work, and retires what finished.
-  // Blocks for the step's duration; allocates only as the active set grows. Throws
-  // std::logic_error after start(). Thread-safe (calls are serialized).
-  StepReport step_once() {
-    {
-      std::lock_guard control(control_mutex_);
-      if (started_) throw std::logic_error("ContinuousBatcher: step_once() is for manual mode; start() was called");
-    }
+  // Manual stepping (no decode thread): one turn of the loop, in this thread: retires
+  // cancelled and expired sequences, admits waiting ones, calls step() once if any
+  // sequence has work, and retires what finished. Returns at once with nothing done in a
+  // batcher that has its decode thread. Blocks for the step's duration; allocates only as
+  // the active set grows (std::bad_alloc). Thread-safe (calls are serialized).
+  ContinuousBatcherPollResult poll() {
+    if (started_) return {};
     std::lock_guard step_lock(step_mutex_);
     return turn();
   }
@@ -369,9 +387,9 @@ class ContinuousBatcher {
   // waiting sequence with shutting_down, lets active sequences run until they finish or
   // drain_timeout passes, then cancels the rest. In threaded mode the decode thread does
   // this and is joined; in manual mode the calling thread drives the steps. Blocks until
-  // every sequence has completed: bounded by drain_timeout plus one step. Idempotent.
-  // Thread-safe.
-  void shutdown() {
+  // every sequence has completed: bounded by drain_timeout plus one step. Idempotent; a
+  // second caller waits for the first to finish. Never throws. Thread-safe.
+  void shutdown() noexcept {
     {
       std::lock_guard lock(mutex_);
       if (!stopping_) {
@@ -386,7 +404,14 @@ class ContinuousBatcher {
       return;
     }
     std::lock_guard step_lock(step_mutex_);
-    while (!idle_locked()) (void)turn();
+    while (!idle_locked()) {
+      try {
+        (void)turn();
+      } catch (...) {
+        // Only allocation failures reach here (step() exceptions are caught in turn()).
+        std::this_thread::yield();
+      }
+    }
   }
 
   // Sequences in the active set. Thread-safe; racy by nature.
@@ -399,17 +424,16 @@ class ContinuousBatcher {
   // ContinuousBatcherStats). The counters are racy with one another; the load fields are
   // read under the batcher's lock (a short wait behind a submit or an admission). Never
   // allocates. Thread-safe.
-  [[nodiscard]] ContinuousBatcherStats stats_approx() const noexcept {
+  [[nodiscard]] ContinuousBatcherStats stats() const noexcept {
     ContinuousBatcherStats s;
     s.submitted = submitted_.load(std::memory_order_relaxed);
     s.admitted = admitted_total_.load(std::memory_order_relaxed);
     s.steps = steps_.load(std::memory_order_relaxed);
     s.tokens = tokens_.load(std::memory_order_relaxed);
-    s.ok = by_status_[0].load(std::memory_order_relaxed);
-    s.rejected = by_status_[1].load(std::memory_order_relaxed);
-    s.deadline_exceeded = by_status_[2].load(std::memory_order_relaxed);
-    s.cancelled = by_status_[3].load(std::memory_order_relaxed);
-    s.failed = by_status_[4].load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < s.by_status.size(); ++i) {
+      s.by_status[i] = by_status_[i].load(std::memory_order_relaxed);
+      s.rejected_by_reason[i] = rejected_by_reason_[i].load(std::memory_order_relaxed);
+    }
     std::lock_guard lock(mutex_);
     const std::int64_t now = ns_since_epoch(clock_.now());
     s.observed_at = std::chrono::nanoseconds(std::max(now, load_.last_ns));
@@ -418,6 +442,9 @@ class ContinuousBatcher {
     s.time_in_system_seconds = load_.time_in_system_s;
     return s;
   }
+  // The number of worker threads, as Pipeline::worker_count(): 1 (the decode thread) or 0
+  // (stepped by poll()). Thread-safe.
+  [[nodiscard]] std::size_t worker_count() const noexcept { return started_ ? 1 : 0; }
   // The validated configuration. Thread-safe.
   [[nodiscard]] const ContinuousBatcherConfig& config() const noexcept { return config_; }
 
@@ -425,15 +452,16 @@ class ContinuousBatcher {
   using Waiting = detail::CbatchWaiting<Sequence>;
 
   static ContinuousBatcherConfig validated(ContinuousBatcherConfig c) {
-    if (c.max_active < 1) throw std::invalid_argument("ContinuousBatcher: max_active must be >= 1");
-    if (c.token_budget < 1) throw std::invalid_argument("ContinuousBatcher: token_budget must be >= 1");
-    if (c.max_waiting < 1) throw std::invalid_argument("ContinuousBatcher: max_waiting must be >= 1");
+    if (c.max_active < 1) detail::throw_invalid_argument("ContinuousBatcher: max_active must be >= 1");
+    if (c.token_budget < 1) detail::throw_invalid_argument("ContinuousBatcher: token_budget must be >= 1");
+    if (c.queue_capacity < 1) detail::throw_invalid_argument("ContinuousBatcher: queue_capacity must be >= 1");
     if (c.max_step_tokens != 0 && c.max_step_tokens < c.max_active)
-      throw std::invalid_argument("ContinuousBatcher: max_step_tokens must be 0 or >= max_active");
+      detail::throw_invalid_argument("ContinuousBatcher: max_step_tokens must be 0 or >= max_active");
     if (c.priority_step < std::chrono::nanoseconds::zero())
-      throw std::invalid_argument("ContinuousBatcher: priority_step must be >= 0");
+      detail::throw_invalid_argument("ContinuousBatcher: priority_step must be >= 0");
     if (c.drain_timeout < std::chrono::nanoseconds::zero())
-      throw std::invalid_argument("ContinuousBatcher: drain_timeout must be >= 0");
+      detail::throw_invalid_argument("ContinuousBatcher: drain_timeout must be >= 0");
+    if (c.workers.value_or(0) > 1) detail::throw_invalid_argument("ContinuousBatcher: workers must be 0 or 1");
     // Surfaces bad default stream options now rather than at the first submit.
     c.stream.validate("ContinuousBatcher: stream.");
     return c;
@@ -480,21 +508,26 @@ class ContinuousBatcher {
     }
   };
 
-  std::shared_ptr<Stream> submit_impl(Request request, StreamCallbacks<Token> callbacks) {
-    const StreamOptions options = request.stream ? *request.stream : config_.stream;
-    auto stream = std::make_shared<Stream>(options, std::move(callbacks), clock_, request.cancel,
+  std::shared_ptr<Stream> submit_impl(Request request, const SubmitOptions& options, StreamCallbacks<Token> callbacks) {
+    const StreamOptions stream_options = request.stream ? *request.stream : config_.stream;
+    auto stream = std::make_shared<Stream>(stream_options, std::move(callbacks), clock_, options.cancel,
                                            metrics_.streams_ptr());
     submitted_.fetch_add(1, std::memory_order_relaxed);
     const time_point now = clock_.now();
+    const time_point arrival = options.arrival ? std::min<time_point>(*options.arrival, now) : now;
     const std::size_t reserve = request.prompt.size() + request.max_new_tokens;
-    if (request.timeout < std::chrono::nanoseconds::zero()) {
+    if (options.timeout < std::chrono::nanoseconds::zero()) {
       complete(*stream, Status::deadline_exceeded,
                "ContinuousBatcher: the request's timeout was already spent (negative) at submission");
       return stream;
     }
-    time_point deadline = request.deadline;
-    if (request.timeout > std::chrono::nanoseconds::zero()) {
-      deadline = std::min(deadline, saturating_add(now, request.timeout));
+    if (static_cast<std::size_t>(options.priority) >= priority_levels) {
+      complete(*stream, Status::failed, "ContinuousBatcher: invalid priority");
+      return stream;
+    }
+    time_point deadline = options.deadline;
+    if (options.timeout > std::chrono::nanoseconds::zero()) {
+      deadline = std::min(deadline, saturating_add(arrival, options.timeout));
     }
     if (request.max_new_tokens == 0) {
       complete(*stream, Status::ok, {});
@@ -521,10 +554,11 @@ class ContinuousBatcher {
     seq.prompt_ = std::move(request.prompt);
     seq.max_new_ = request.max_new_tokens;
     seq.state_ = std::move(request.state);
-    seq.priority_ = request.priority;
+    seq.priority_ = options.priority;
     seq.deadline_ = deadline;
     seq.completion_deadline_ = request.completion_deadline;
-    seq.submitted_ = now;
+    seq.submitted_ = arrival;
+    seq.queued_at_ = now;
     seq.stream_ = stream;
     seq.reserved_ = reserve;
 
@@ -533,14 +567,14 @@ class ContinuousBatcher {
       std::lock_guard lock(mutex_);
       if (stopping_) {
         refused = RejectReason::shutting_down;
-      } else if (waiting_.size() >= config_.max_waiting) {
+      } else if (waiting_.size() >= config_.queue_capacity) {
         refused = RejectReason::queue_full;
       } else {
         seq.id_ = ++next_id_;
         const detail::CbatchKey key{
             detail::cbatch_effective_arrival(
-                std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
-                seq.priority_, config_.priority_step.count()),
+                std::chrono::duration_cast<std::chrono::nanoseconds>(arrival.time_since_epoch()).count(),
+                static_cast<int>(Priority::normal) - static_cast<int>(seq.priority_), config_.priority_step.count()),
             seq.id_};
         waiting_.emplace(key, std::move(seq));
         waiting_count_.store(waiting_.size(), std::memory_order_relaxed);
@@ -551,7 +585,7 @@ class ContinuousBatcher {
       complete(*stream, Status::rejected, "ContinuousBatcher: shutting down", refused);
     } else if (refused == RejectReason::queue_full) {
       complete(*stream, Status::rejected,
-               "ContinuousBatcher: waiting queue full (" + std::to_string(config_.max_waiting) + ")",
+               "ContinuousBatcher: waiting queue full (" + std::to_string(config_.queue_capacity) + ")",
                refused, std::chrono::nanoseconds(admit_interval_ns_.load(std::memory_order_relaxed)));
     } else {
       cv_.notify_one();
@@ -578,6 +612,7 @@ class ContinuousBatcher {
     } catch (...) {
     }
     by_status_[static_cast<std::size_t>(s)].fetch_add(1, std::memory_order_relaxed);
+    if (s == Status::rejected) rejected_by_reason_[static_cast<std::size_t>(r)].fetch_add(1, std::memory_order_relaxed);
     metrics_.count(s, r);
   }
 
@@ -605,9 +640,9 @@ class ContinuousBatcher {
   }
 
   // One turn of the loop. Runs on one thread at a time (the decode thread or a serialized
-  // step_once caller), the only one that touches active_'s contents.
-  StepReport turn() {
-    StepReport report;
+  // poll() caller), the only one that touches active_'s contents.
+  ContinuousBatcherPollResult turn() {
+    ContinuousBatcherPollResult report;
     bool stopping = false;
     time_point drain_deadline{};
 
@@ -773,7 +808,7 @@ class ContinuousBatcher {
   }
 
   // Closes a sequence that left the waiting queue at `when` without running.
-  void complete_dropped(Sequence& s, bool stopping, time_point when, StepReport& report) noexcept {
+  void complete_dropped(Sequence& s, bool stopping, time_point when, ContinuousBatcherPollResult& report) noexcept {
     if (stopping) {
       complete(*s.stream_, Status::rejected, "ContinuousBatcher: shutting down", RejectReason::shutting_down);
     } else if (s.stream_->cancel_requested()) {
@@ -790,15 +825,15 @@ class ContinuousBatcher {
   void depart_locked(const std::vector<Sequence>& gone, time_point now) noexcept {
     if (gone.empty()) return;
     const std::int64_t t = ns_since_epoch(now);
-    for (const Sequence& s : gone) load_.depart(t, ns_since_epoch(s.submitted_));
+    for (const Sequence& s : gone) load_.depart(t, ns_since_epoch(s.queued_at_));
   }
 
-  void finish_with(Sequence& s, Status status, std::string message, StepReport& report) noexcept {
+  void finish_with(Sequence& s, Status status, std::string message, ContinuousBatcherPollResult& report) noexcept {
     (void)s.stream_->close(status, std::move(message));
     retire(s, report);
   }
 
-  void retire(Sequence& s, StepReport& report) noexcept {
+  void retire(Sequence& s, ContinuousBatcherPollResult& report) noexcept {
     if (s.retired_) return;
     s.retired_ = true;
     count_end(*s.stream_);
@@ -813,7 +848,7 @@ class ContinuousBatcher {
     const std::int64_t now = ns_since_epoch(clock_.now());
     std::lock_guard lock(mutex_);
     for (const auto& s : active_)
-      if (s.retired_) load_.depart(now, ns_since_epoch(s.submitted_));
+      if (s.retired_) load_.depart(now, ns_since_epoch(s.queued_at_));
     std::erase_if(active_, [](const Sequence& s) { return s.retired_; });
     reserved_.fetch_sub(released, std::memory_order_relaxed);
     active_count_.store(active_.size(), std::memory_order_relaxed);
@@ -862,7 +897,7 @@ class ContinuousBatcher {
   };
 
   void register_metrics(MetricsRegistry& r) {
-    const Labels& base = config_.labels;
+    const Labels& base = config_.metric_labels;
     auto with = [&](const char* key, std::string_view value) {
       Labels l = base;
       l.emplace_back(key, std::string(value));
@@ -906,6 +941,7 @@ class ContinuousBatcher {
   std::atomic<std::uint64_t> steps_{0};
   std::atomic<std::uint64_t> tokens_{0};
   std::atomic<std::uint64_t> by_status_[5] = {};
+  std::atomic<std::uint64_t> rejected_by_reason_[5] = {};
   std::atomic<std::int64_t> admit_interval_ns_{0};
 
   mutable std::mutex mutex_;  // guards waiting_, stopping_, drain_deadline_, next_id_, active_'s size, load_
@@ -919,9 +955,9 @@ class ContinuousBatcher {
   std::vector<Sequence> active_;  // contents: the stepping thread only
   std::optional<time_point> last_admission_;
 
-  std::mutex step_mutex_;     // serializes manual step_once() calls
-  std::mutex control_mutex_;  // guards start/shutdown of the thread
-  bool started_ = false;
+  std::mutex step_mutex_;     // serializes poll() calls
+  std::mutex control_mutex_;  // serializes shutdown()s
+  bool started_ = false;      // the decode thread runs; set once, by the constructor
   std::thread thread_;
 
   Metrics metrics_;  // last: its gauge callbacks read the atomics above

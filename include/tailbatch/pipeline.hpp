@@ -15,17 +15,18 @@
 // is a latest start: a request is never started after it), cancelled, or failed (the
 // model threw; the worker lives on).
 //
-// Threads. With SteadyClock the Pipeline owns its worker threads (by default one per lane
-// slot) and nothing else starts any: the workers take turns leading batch formation (the
+// Threads. Config::workers chooses them, the same way as for the ContinuousBatcher: unset,
+// the default for the clock (one per lane slot with SteadyClock, none with any other); 0,
+// none; n, n. The Pipeline owns its worker threads and nothing else starts any: the workers take turns leading batch formation (the
 // leader waits on a condition variable until the policy closes a batch), lease a lane slot
 // for the batch they formed (never while waiting for work: an idle Pipeline holds no
 // slot of lanes it shares), run it and deliver its completions. On Linux each
 // worker sets its own timer slack to 1 ns, so that its timed sleeps end on time. Submitters
 // append to per-thread submit shards and never wait for the leader; a request without a
 // deadline may be stamped with the cycle counter, which the leader converts to clock time
-// (detail/cycle_stamp.hpp). With any other
-// clock (ManualClock), or with workers = 0, the Pipeline starts no thread at all: the
-// caller steps it with poll(), which forms and runs every batch due at the clock's current
+// (detail/cycle_stamp.hpp). With no workers (workers = 0, or
+// unset with ManualClock) the Pipeline starts no thread at all: the caller steps it with
+// poll(), which forms and runs every batch due at the clock's current
 // time in the calling thread. See docs/pipeline.md.
 #pragma once
 
@@ -70,33 +71,12 @@
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/littles_law.hpp>
 #include <tailbatch/outcome.hpp>
+#include <tailbatch/submit_options.hpp>
 
 namespace tailbatch {
 
-// Per-request options of Pipeline::submit.
-struct SubmitOptions {
-  // The latest START time: the request's model call may begin no later than this. A
-  // request still waiting then (queued, or in a batch about to be handed to its lane)
-  // completes with Status::deadline_exceeded and is never executed; one that started in
-  // time is not interrupted however long the model takes. BatchTime::max(): none.
-  BatchTime deadline = BatchTime::max();
-  // A budget for the latest start, counted from the arrival (below):
-  //   > 0  the deadline is also at most arrival + timeout;
-  //   = 0  no budget (the default): only `deadline` applies;
-  //   < 0  the budget was already spent upstream: the request completes at once, inside
-  //        submit, with Status::deadline_exceeded.
-  std::chrono::nanoseconds timeout{0};
-  // When the request reached the server (a time of the Pipeline's clock), if earlier than
-  // the submit: the queue wait, the end-to-end latency, the batch window's opening and
-  // the timeout count from it, so that time spent before submit (an accept queue, a
-  // parser) shows in the metrics. Unset: the time of the submit. A time later than the
-  // submit counts as the submit.
-  std::optional<BatchTime> arrival{};
-  Priority priority = Priority::normal;
-  // Stopping its source cancels the request: a queued request is removed and completes
-  // with Status::cancelled; an executing one has its result discarded.
-  CancellationToken cancel{};
-};
+// Per-request options: SubmitOptions (submit_options.hpp), shared with the
+// ContinuousBatcher.
 
 // Pipeline configuration. Bad values make the Pipeline constructor throw
 // std::invalid_argument naming the field ("Pipeline: queue_capacity must be >= 1").
@@ -108,9 +88,11 @@ struct PipelineConfig {
   // be refused while places that other threads' shards have claimed (together less than
   // 1/16 of the capacity) are still unused; with one, the queue holds exactly this many.
   std::size_t queue_capacity = 4096;
-  // Worker threads. Unset: one per lane slot (lanes.size() x lanes.lane_capacity()) with
-  // SteadyClock, 0 with any other clock. 0: no threads, the caller drives poll(). Must
-  // be 0 with a clock other than SteadyClock.
+  // Worker threads, started by the constructor. Unset: the default for the clock, one per
+  // lane slot (lanes.size() x lanes.lane_capacity()) with SteadyClock, 0 with any other.
+  // 0: no threads, the caller drives poll(). Workers sleep on the real clock, so a value
+  // above 0 needs SteadyClock (std::invalid_argument "workers" otherwise). Same field,
+  // same meaning, in ContinuousBatcherConfig.
   std::optional<std::size_t> workers{};
   // On shutdown, queued requests are still run for at most this long; what is left then
   // completes with rejected/shutting_down.
@@ -136,8 +118,8 @@ struct PipelineConfig {
   // max_batch x lanes, the Pipeline could never fill a batch on every lane: the
   // constructor throws unless this is false.
   bool check_admission_limit = true;
-  // Metrics (tailbatch_pipeline_*), registered at construction with these labels added
-  // to each. nullptr: none, at no cost.
+  // Metrics (tailbatch_pipeline_*), registered at construction with metric_labels added
+  // to each. nullptr: none, at no cost. The registry must outlive the Pipeline.
   MetricsRegistry* metrics = nullptr;
   Labels metric_labels{};
   // Where the Pipeline writes the few lines it has to say: the one-time warning that
@@ -302,7 +284,7 @@ std::optional<std::uint64_t> admission_limit(const A& a) noexcept {
 //   Policy      when a batch closes (BatchPolicy).
 //   Lanes       where batches run (LaneBackend): HostLanes, or the CUDA StreamPool.
 //   Admission   who is let in (AdmissionPolicy): AdmitAll, or a ConcurrencyLimiter.
-//   C           the clock: SteadyClock (threads), ManualClock (stepped by poll()).
+//   C           the clock: SteadyClock (worker threads by default), ManualClock (stepped by poll()).
 //
 // The model is called as model(span<const Req> requests, span<Resp> responses, Lane&),
 // responses pre-filled with Resp{}, one batch at a time per lane slot; it must write

@@ -153,7 +153,7 @@ int main() {
       bc.max_active = 8;
       bc.prefill_chunk = 5;
       bc.max_step_tokens = 24;
-      Batcher b(bc, [&](std::span<Batcher::Sequence> batch) { gpu.step_sequences(batch); }, tailbatch::ManualClock{});
+      Batcher b([&](std::span<Batcher::Sequence> batch) { gpu.step_sequences(batch); }, bc, tailbatch::ManualClock{});
       std::vector<std::shared_ptr<Batcher::Stream>> streams;
       std::vector<std::vector<std::int32_t>> expected;
       OutputLengths lengths(1, 40, 9);
@@ -165,7 +165,7 @@ int main() {
         expected.push_back(solo.generate(r.prompt, r.max_new_tokens, solo.new_state(i)));
         streams.push_back(b.submit(std::move(r)));
       }
-      while (b.active_approx() + b.waiting_approx() > 0) (void)b.step_once();
+      while (b.active_approx() + b.waiting_approx() > 0) (void)b.poll();
       std::size_t equal = 0;
       for (std::size_t i = 0; i < streams.size(); ++i) {
         std::vector<std::int32_t> got;

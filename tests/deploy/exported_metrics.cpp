@@ -20,7 +20,7 @@ int main() {
   tailbatch::MetricsRegistry registry;
   const tailbatch::Labels labels{{"model", "classifier"}};
 
-  tailbatch::LimiterOptions lo;
+  tailbatch::LimiterConfig lo;
   lo.metrics = &registry;
   lo.metric_labels = labels;
   using Limiter = tailbatch::ConcurrencyLimiter<tailbatch::GradientLimit>;

@@ -296,7 +296,7 @@ TEST_CASE("the generator drives a ContinuousBatcher: streamed tokens equal gener
     c.max_active = 6;
     c.prefill_chunk = chunk;
     c.max_step_tokens = chunk == 0 ? 0 : 16;
-    Batcher b(c, [&](std::span<Batcher::Sequence> batch) { g.step_sequences(batch); }, tailbatch::ManualClock{});
+    Batcher b([&](std::span<Batcher::Sequence> batch) { g.step_sequences(batch); }, c, tailbatch::ManualClock{});
     OutputLengths lengths(1, 30, 3);
     std::vector<std::shared_ptr<Batcher::Stream>> streams;
     std::vector<std::vector<std::int32_t>> expected;
@@ -307,9 +307,9 @@ TEST_CASE("the generator drives a ContinuousBatcher: streamed tokens equal gener
       r.state = g.new_state(1000 + i);
       expected.push_back(solo.generate(r.prompt, r.max_new_tokens, solo.new_state(1000 + i)));
       streams.push_back(b.submit(std::move(r)));
-      if (i % 3 == 0) (void)b.step_once();
+      if (i % 3 == 0) (void)b.poll();
     }
-    while (b.active_approx() + b.waiting_approx() > 0) (void)b.step_once();
+    while (b.active_approx() + b.waiting_approx() > 0) (void)b.poll();
     for (std::size_t i = 0; i < streams.size(); ++i) {
       std::vector<std::int32_t> got;
       while (auto t = streams[i]->try_next()) got.push_back(*t);
@@ -331,12 +331,12 @@ TEST_CASE("eos_token ends a sequence early with Status::ok", "[generator][contin
   CHECK(g.generate(p, 12, g.new_state()).size() == first + 1);
 
   using Batcher = tailbatch::ContinuousBatcher<std::int32_t, GeneratorState, tailbatch::ManualClock>;
-  Batcher b({}, [&](std::span<Batcher::Sequence> batch) { g.step_sequences(batch); }, tailbatch::ManualClock{});
+  Batcher b([&](std::span<Batcher::Sequence> batch) { g.step_sequences(batch); }, {}, tailbatch::ManualClock{});
   Batcher::Request r;
   r.prompt = p;
   r.max_new_tokens = 12;
   auto s = b.submit(std::move(r));
-  while (!s->closed()) (void)b.step_once();
+  while (!s->closed()) (void)b.poll();
   CHECK(s->end()->ok());
   CHECK(s->end()->tokens == first + 1);
 }

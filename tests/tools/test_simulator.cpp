@@ -184,7 +184,7 @@ TEST_CASE("A learning limiter reads simulated time and adapts to it", "[simulato
   ac.latency_target = 100ms;
   ac.window = 500ms;
   tailbatch::ConcurrencyLimiter<tailbatch::AimdLimit, tailbatch::ManualClock> limiter(
-      tailbatch::AimdLimit(ac), tailbatch::LimiterOptions{}, c.clock);
+      tailbatch::AimdLimit(ac), tailbatch::LimiterConfig{}, c.clock);
   const auto r = tailbatch::simulate(c, FixedWindow(8, 8ms), limiter);
   CHECK(limiter.windows_closed() > 10);  // windows of simulated time
   CHECK(limiter.limit() < 200);          // backed off from the initial limit under overload

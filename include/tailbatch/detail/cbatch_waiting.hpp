@@ -1,10 +1,11 @@
 // The continuous batcher's waiting queue: FIFO with priorities and no starvation.
 //
 // A waiting sequence is ordered by an "effective arrival": its arrival time moved earlier
-// by priority * priority_step. A priority is a head start, not a separate lane: a sequence
-// of priority p is served before everything that arrives more than p * priority_step after
-// it, so a steady stream of higher-priority work delays a lower-priority sequence by a
-// bounded amount and never starves it. Equal keys keep submission order.
+// by head * priority_step, where head is how many Priority levels it stands above
+// Priority::normal (high: 1, normal: 0, low: -1). A priority is a head start, not a
+// separate lane: a sequence with head h is served before everything that arrives more
+// than h * priority_step after it, so a steady stream of higher-priority work delays a
+// lower-priority sequence by a bounded amount and never starves it. Equal keys keep submission order.
 #pragma once
 
 #include <chrono>
@@ -25,7 +26,7 @@ struct CbatchKey {
   }
 };
 
-// arrival - priority * step, saturating at the int64 range.
+// arrival - head * step, saturating at the int64 range.
 [[nodiscard]] inline std::int64_t cbatch_effective_arrival(std::int64_t arrival_ns, int priority,
                                                            std::int64_t step_ns) noexcept {
   constexpr std::int64_t lo = std::numeric_limits<std::int64_t>::min();

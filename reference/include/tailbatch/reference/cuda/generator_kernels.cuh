@@ -4,7 +4,7 @@
 //   reference::Generator cpu;                      // weights, sampling
 //   cuda::DeviceGenerator gpu(cpu);                // uploads the weights to device 0
 //   ContinuousBatcher<std::int32_t, reference::GeneratorState> batcher(
-//       config, [&](auto batch) { gpu.step_sequences(batch, stream); });
+//       [&](auto batch) { gpu.step_sequences(batch, stream); }, config);
 //
 // One step: the fed tokens, the lanes' states and offsets go to the device in one copy;
 // four kernels run the input projection, the recurrence, the output projection and the
