@@ -345,19 +345,14 @@ class Pipeline {
     requires std::is_invocable_v<std::decay_t<F>&, Outcome<Resp>&&>
   void submit(Req req, SubmitOptions options, F&& on_complete) noexcept {
     detail::Completion<Resp> done;
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-      done = detail::Completion<Resp>(std::forward<F>(on_complete));
-    } catch (...) {
-      // Only allocation can fail here, before the callable was touched.
+    // Only allocation can fail here, before the callable was touched.
+    if (detail::call_guarded([&] { done = detail::Completion<Resp>(std::forward<F>(on_complete)); },
+                             [](const char*) {})) {
       count_inline(Status::failed, RejectReason::none);
       invoke_user(on_complete, Outcome<Resp>(Error{Status::failed, RejectReason::none,
                                                    "tailbatch: out of memory queueing the request", {}}));
       return;
     }
-#else
-    done = detail::Completion<Resp>(std::forward<F>(on_complete));
-#endif
     enqueue(std::move(req), options, std::move(done));
   }
 
@@ -963,29 +958,13 @@ class Pipeline {
 
   template <class F>
   void invoke_user(F& f, Outcome<Resp>&& o) noexcept {
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-      std::invoke(f, std::move(o));
-    } catch (...) {
-      note_callback_exception();
-    }
-#else
-    std::invoke(f, std::move(o));
-#endif
+    if (detail::call_guarded([&] { std::invoke(f, std::move(o)); }, [](const char*) {})) note_callback_exception();
   }
 
   void deliver(detail::Completion<Resp>& done, Outcome<Resp>&& o) noexcept {
     // Before the outcome is set: whoever it wakes sees itself no longer blocked.
     if (done.template holds<FutureDone>()) future_waiters_.fetch_sub(1, std::memory_order_relaxed);
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-      done(std::move(o));
-    } catch (...) {
-      note_callback_exception();
-    }
-#else
-    done(std::move(o));
-#endif
+    if (detail::call_guarded([&] { done(std::move(o)); }, [](const char*) {})) note_callback_exception();
   }
 
   void note_callback_exception() noexcept {
@@ -1006,14 +985,8 @@ class Pipeline {
     ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 #endif
     Batch batch;
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-      reserve(batch);
-    } catch (...) {
-    }
-#else
-    reserve(batch);
-#endif
+    // Without the reservation (out of memory) the batch still forms, allocating as it goes.
+    (void)detail::call_guarded([&] { reserve(batch); }, [](const char*) {});
     LeaseSlot lease;
     for (;;) {
       Lead r;
@@ -1032,16 +1005,11 @@ class Pipeline {
   // slot is busy.
   static constexpr std::chrono::milliseconds lane_wait{2};
   LeaseSlot wait_for_lane() noexcept {
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-      return lanes_->acquire_for(lane_wait);
-    } catch (...) {
+    LeaseSlot lease;
+    if (detail::call_guarded([&] { lease = lanes_->acquire_for(lane_wait); }, [](const char*) {})) {
       std::this_thread::sleep_for(lane_wait);
-      return std::nullopt;
     }
-#else
-    return lanes_->acquire_for(lane_wait);
-#endif
+    return lease;
   }
 
   void drain_in_caller() noexcept {
@@ -1320,15 +1288,8 @@ class Pipeline {
     if constexpr (std::copy_constructible<Req>) {
       const std::size_t want = round.decision.padded_size;
       if (want > n && n > 0) {
-#if TAILBATCH_HAS_EXCEPTIONS
-        try {
-#endif
-          while (b.reqs.size() < want) b.reqs.push_back(b.reqs[n - 1]);
-#if TAILBATCH_HAS_EXCEPTIONS
-        } catch (...) {
-          b.reqs.resize(n);
-        }
-#endif
+        detail::call_guarded([&] { while (b.reqs.size() < want) b.reqs.push_back(b.reqs[n - 1]); },
+                             [&](const char*) { b.reqs.resize(n); });
         b.padded = b.reqs.size();
       }
     }
@@ -1397,27 +1358,14 @@ class Pipeline {
     std::string error;
     BatchTime end = start;
     if (n > 0) {
-#if TAILBATCH_HAS_EXCEPTIONS
-      try {
-        b.resps.resize(b.padded);
-        model_(std::span<const Req>(b.reqs.data(), b.padded), std::span<Resp>(b.resps.data(), b.padded), lane);
-      } catch (const std::exception& e) {
-        threw = true;
-        try {
-          error = e.what();
-        } catch (...) {
-        }
-      } catch (...) {
-        threw = true;
-        try {
-          error = "tailbatch: the model threw an exception not derived from std::exception";
-        } catch (...) {
-        }
-      }
-#else
-      b.resps.resize(b.padded);
-      model_(std::span<const Req>(b.reqs.data(), b.padded), std::span<Resp>(b.resps.data(), b.padded), lane);
-#endif
+      threw = detail::call_guarded(
+          [&] {
+            b.resps.resize(b.padded);
+            model_(std::span<const Req>(b.reqs.data(), b.padded), std::span<Resp>(b.resps.data(), b.padded), lane);
+          },
+          [&](const char* what) {
+            error = what != nullptr ? what : "tailbatch: the model threw an exception not derived from std::exception";
+          });
       end = clock_.now();
       if constexpr (BatchFeedbackPolicy<Policy>) {
         policy_.on_batch_executed(BatchFeedback{n, b.padded, elapsed(start, end), lane_index, start, threw});
@@ -1518,15 +1466,8 @@ class Pipeline {
     std::size_t padded = kept;
     if constexpr (std::copy_constructible<Req>) {
       if (policy_pads() && kept > 0) padded = b.padded;
-#if TAILBATCH_HAS_EXCEPTIONS
-      try {
-#endif
-        while (b.kept_reqs.size() < padded) b.kept_reqs.push_back(b.kept_reqs[kept - 1]);
-#if TAILBATCH_HAS_EXCEPTIONS
-      } catch (...) {
-        b.kept_reqs.resize(kept);
-      }
-#endif
+      detail::call_guarded([&] { while (b.kept_reqs.size() < padded) b.kept_reqs.push_back(b.kept_reqs[kept - 1]); },
+                           [&](const char*) { b.kept_reqs.resize(kept); });
       padded = b.kept_reqs.size();
     }
     b.reqs.clear();
@@ -1546,32 +1487,20 @@ class Pipeline {
 
   void warn_submitter_limit(std::size_t blocked) noexcept {
     if (!config_.log) return;
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-#endif
+    detail::call_guarded([&] {
       const std::size_t cap = max_batch_ * total_slots_;
       log_line("tailbatch: batch size looks limited by blocked submitters: " + std::to_string(blocked) +
                " callers wait on futures, fewer than max_batch x lane slots = " + std::to_string(cap) +
                ", and batches close by their window with nothing else queued. If the callers are a fixed pool of "
                "threads (a thread per request), submit with a callback instead, or let at least " +
                std::to_string(cap) + " callers wait at once.");
-#if TAILBATCH_HAS_EXCEPTIONS
-    } catch (...) {
-    }
-#endif
+    }, [](const char*) {});
   }
 
   // Writes one line to Config::log, if set; what it throws is dropped.
   void log_line(std::string_view line) noexcept {
     if (!config_.log) return;
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-      config_.log(line);
-    } catch (...) {
-    }
-#else
-    config_.log(line);
-#endif
+    detail::call_guarded([&] { config_.log(line); }, [](const char*) {});
   }
 
   // ---- metrics -----------------------------------------------------------------------
