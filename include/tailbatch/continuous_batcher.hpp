@@ -70,6 +70,7 @@
 
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/cbatch_waiting.hpp>
+#include <tailbatch/detail/throw.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/outcome.hpp>
@@ -269,11 +270,7 @@ class ContinuousBatcher {
     // Ends the sequence with Status::failed and this message after this step; the rest of
     // the batch is unaffected. Allocates the message.
     void fail(std::string message) noexcept {
-      try {
-        failure_ = std::move(message);
-      } catch (...) {
-        failure_ = std::string();
-      }
+      if (detail::call_guarded([&] { failure_ = std::move(message); }, [](const char*) {})) failure_ = std::string();
     }
 
     Sequence(Sequence&&) noexcept = default;
@@ -310,7 +307,7 @@ class ContinuousBatcher {
   // config.metrics is set. Starts no thread. Allocates.
   ContinuousBatcher(ContinuousBatcherConfig config, StepFn step, C clock = C{})
       : config_(validated(std::move(config))), step_(std::move(step)), clock_(std::move(clock)) {
-    if (!step_) throw std::invalid_argument("ContinuousBatcher: step must be callable");
+    if (!step_) detail::throw_invalid_argument("ContinuousBatcher: step must be callable");
     load_.last_ns = ns_since_epoch(clock_.now());
     active_.reserve(config_.max_active);
     if (config_.metrics) register_metrics(*config_.metrics);
@@ -343,10 +340,14 @@ class ContinuousBatcher {
   void start() {
     std::lock_guard control(control_mutex_);
     if (thread_.joinable() || started_)
-      throw std::logic_error("ContinuousBatcher: start() called twice");
+      detail::throw_or_abort<std::logic_error>("ContinuousBatcher: start() called twice",
+                                               "ContinuousBatcher: start() called twice");
     {
       std::lock_guard lock(mutex_);
-      if (stopping_) throw std::logic_error("ContinuousBatcher: start() after shutdown()");
+      if (stopping_) {
+        detail::throw_or_abort<std::logic_error>("ContinuousBatcher: start() after shutdown()",
+                                                 "ContinuousBatcher: start() after shutdown()");
+      }
     }
     started_ = true;
     thread_ = std::thread([this] { run(); });
@@ -359,7 +360,11 @@ class ContinuousBatcher {
   StepReport step_once() {
     {
       std::lock_guard control(control_mutex_);
-      if (started_) throw std::logic_error("ContinuousBatcher: step_once() is for manual mode; start() was called");
+      if (started_) {
+        detail::throw_or_abort<std::logic_error>(
+            "ContinuousBatcher: step_once() is for manual mode; start() was called",
+            "ContinuousBatcher: step_once() is for manual mode; start() was called");
+      }
     }
     std::lock_guard step_lock(step_mutex_);
     return turn();
@@ -425,15 +430,15 @@ class ContinuousBatcher {
   using Waiting = detail::CbatchWaiting<Sequence>;
 
   static ContinuousBatcherConfig validated(ContinuousBatcherConfig c) {
-    if (c.max_active < 1) throw std::invalid_argument("ContinuousBatcher: max_active must be >= 1");
-    if (c.token_budget < 1) throw std::invalid_argument("ContinuousBatcher: token_budget must be >= 1");
-    if (c.max_waiting < 1) throw std::invalid_argument("ContinuousBatcher: max_waiting must be >= 1");
+    if (c.max_active < 1) detail::throw_invalid_argument("ContinuousBatcher: max_active must be >= 1");
+    if (c.token_budget < 1) detail::throw_invalid_argument("ContinuousBatcher: token_budget must be >= 1");
+    if (c.max_waiting < 1) detail::throw_invalid_argument("ContinuousBatcher: max_waiting must be >= 1");
     if (c.max_step_tokens != 0 && c.max_step_tokens < c.max_active)
-      throw std::invalid_argument("ContinuousBatcher: max_step_tokens must be 0 or >= max_active");
+      detail::throw_invalid_argument("ContinuousBatcher: max_step_tokens must be 0 or >= max_active");
     if (c.priority_step < std::chrono::nanoseconds::zero())
-      throw std::invalid_argument("ContinuousBatcher: priority_step must be >= 0");
+      detail::throw_invalid_argument("ContinuousBatcher: priority_step must be >= 0");
     if (c.drain_timeout < std::chrono::nanoseconds::zero())
-      throw std::invalid_argument("ContinuousBatcher: drain_timeout must be >= 0");
+      detail::throw_invalid_argument("ContinuousBatcher: drain_timeout must be >= 0");
     // Surfaces bad default stream options now rather than at the first submit.
     c.stream.validate("ContinuousBatcher: stream.");
     return c;
@@ -570,13 +575,14 @@ class ContinuousBatcher {
   void count_end(const Stream& stream) noexcept {
     Status s = Status::failed;
     RejectReason r = RejectReason::none;
-    try {
-      if (auto end = stream.end()) {
-        s = end->status;
-        r = end->reason;
-      }
-    } catch (...) {
-    }
+    detail::call_guarded(
+        [&] {
+          if (auto end = stream.end()) {
+            s = end->status;
+            r = end->reason;
+          }
+        },
+        [](const char*) {});
     by_status_[static_cast<std::size_t>(s)].fetch_add(1, std::memory_order_relaxed);
     metrics_.count(s, r);
   }
@@ -594,13 +600,9 @@ class ContinuousBatcher {
         cv_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !active_.empty(); });
         if (stopping_ && waiting_.empty() && active_.empty()) return;
       }
-      try {
-        (void)turn();
-      } catch (...) {
-        // Only allocation failures reach here (step() exceptions are caught in turn());
-        // the loop lives on and tries again.
-        std::this_thread::yield();
-      }
+      // Only allocation failures escape turn() (step() exceptions are caught there); the
+      // loop lives on and tries again.
+      if (detail::call_guarded([&] { (void)turn(); }, [](const char*) {})) std::this_thread::yield();
     }
   }
 
@@ -731,12 +733,10 @@ class ContinuousBatcher {
     report.step_tokens = step_tokens;
     std::optional<std::string> failure;
     const time_point step_start = clock_.now();
-    try {
-      step_(std::span<Sequence>(active_.data(), scheduled));
-    } catch (const std::exception& e) {
-      failure = e.what();
-    } catch (...) {
-      failure = "step threw a non-standard exception";
+    if (detail::call_guarded([&] { step_(std::span<Sequence>(active_.data(), scheduled)); },
+                             [&](const char* what) { failure = what != nullptr ? what : "step threw a non-standard exception"; })) {
+      // An exception whose message could not be copied still fails the step.
+      if (!failure) failure.emplace();
     }
     const time_point step_end = clock_.now();
     steps_.fetch_add(1, std::memory_order_relaxed);

@@ -27,6 +27,17 @@
 // clock (ManualClock), or with workers = 0, the Pipeline starts no thread at all: the
 // caller steps it with poll(), which forms and runs every batch due at the clock's current
 // time in the calling thread. See docs/pipeline.md.
+//
+// Where the parts are: a request is queued in detail/submit_shards.hpp (ingress: the
+// submit shards and the queue's places), a batch is formed in detail/batch_former.hpp (the
+// staged queue, the purge of expired and cancelled requests, the policy's decision), and a
+// result is delivered through detail/pipeline_completion.hpp. This file composes them: the
+// public API, the leader protocol (who forms the next batch, its sleep and wake-up, lane
+// leasing), execution and completion, and the metrics. It stays longer than the core's
+// usual 700 lines because most of it is the public API's documentation (the types and
+// members users read), and the rest shares the Pipeline's counters and state so closely
+// (every outcome is counted, timed and released to the admission policy in one place)
+// that splitting it further would pass that state around rather than hide it.
 #pragma once
 
 #include <algorithm>
@@ -291,7 +302,9 @@ std::optional<std::uint64_t> admission_limit(const A& a) noexcept {
 // Exceptions: the constructor throws std::invalid_argument naming a bad field,
 // std::bad_alloc and std::system_error (a thread could not start). submit() with a
 // callback never throws; submit() returning a future throws only std::bad_alloc (for the
-// future's shared state). Nothing a model or callback throws leaves the Pipeline.
+// future's shared state). Nothing a model or callback throws leaves the Pipeline. Under
+// -fno-exceptions the Pipeline works the same; bad configuration then prints its message
+// and aborts (detail/throw.hpp).
 template <class Req, class Resp, BatchPolicy Policy = FixedWindow, LaneBackend Lanes = HostLanes,
           AdmissionPolicy Admission = AdmitAll, Clock C = SteadyClock>
   requires std::move_constructible<Req> && std::default_initializable<Resp> && std::movable<Resp>
