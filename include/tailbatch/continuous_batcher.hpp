@@ -77,9 +77,9 @@
 
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/cbatch_waiting.hpp>
+#include <tailbatch/detail/throw.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
-#include <tailbatch/detail/throw.hpp>
 #include <tailbatch/outcome.hpp>
 #include <tailbatch/submit_options.hpp>
 #include <tailbatch/token_streamer.hpp>
@@ -291,11 +291,7 @@ class ContinuousBatcher {
     // Ends the sequence with Status::failed and this message after this step; the rest of
     // the batch is unaffected. Allocates the message.
     void fail(std::string message) noexcept {
-      try {
-        failure_ = std::move(message);
-      } catch (...) {
-        failure_ = std::string();
-      }
+      if (detail::call_guarded([&] { failure_ = std::move(message); }, [](const char*) {})) failure_ = std::string();
     }
 
     Sequence(Sequence&&) noexcept = default;
@@ -604,13 +600,14 @@ class ContinuousBatcher {
   void count_end(const Stream& stream) noexcept {
     Status s = Status::failed;
     RejectReason r = RejectReason::none;
-    try {
-      if (auto end = stream.end()) {
-        s = end->status;
-        r = end->reason;
-      }
-    } catch (...) {
-    }
+    detail::call_guarded(
+        [&] {
+          if (auto end = stream.end()) {
+            s = end->status;
+            r = end->reason;
+          }
+        },
+        [](const char*) {});
     by_status_[static_cast<std::size_t>(s)].fetch_add(1, std::memory_order_relaxed);
     if (s == Status::rejected) rejected_by_reason_[static_cast<std::size_t>(r)].fetch_add(1, std::memory_order_relaxed);
     metrics_.count(s, r);
@@ -629,13 +626,9 @@ class ContinuousBatcher {
         cv_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !active_.empty(); });
         if (stopping_ && waiting_.empty() && active_.empty()) return;
       }
-      try {
-        (void)turn();
-      } catch (...) {
-        // Only allocation failures reach here (step() exceptions are caught in turn());
-        // the loop lives on and tries again.
-        std::this_thread::yield();
-      }
+      // Only allocation failures escape turn() (step() exceptions are caught there); the
+      // loop lives on and tries again.
+      if (detail::call_guarded([&] { (void)turn(); }, [](const char*) {})) std::this_thread::yield();
     }
   }
 
@@ -766,12 +759,10 @@ class ContinuousBatcher {
     report.step_tokens = step_tokens;
     std::optional<std::string> failure;
     const time_point step_start = clock_.now();
-    try {
-      step_(std::span<Sequence>(active_.data(), scheduled));
-    } catch (const std::exception& e) {
-      failure = e.what();
-    } catch (...) {
-      failure = "step threw a non-standard exception";
+    if (detail::call_guarded([&] { step_(std::span<Sequence>(active_.data(), scheduled)); },
+                             [&](const char* what) { failure = what != nullptr ? what : "step threw a non-standard exception"; })) {
+      // An exception whose message could not be copied still fails the step.
+      if (!failure) failure.emplace();
     }
     const time_point step_end = clock_.now();
     steps_.fetch_add(1, std::memory_order_relaxed);

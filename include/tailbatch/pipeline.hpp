@@ -28,6 +28,17 @@
 // unset with ManualClock) the Pipeline starts no thread at all: the caller steps it with
 // poll(), which forms and runs every batch due at the clock's current
 // time in the calling thread. See docs/pipeline.md.
+//
+// Where the parts are: a request is queued in detail/submit_shards.hpp (ingress: the
+// submit shards and the queue's places), a batch is formed in detail/batch_former.hpp (the
+// staged queue, the purge of expired and cancelled requests, the policy's decision), and a
+// result is delivered through detail/pipeline_completion.hpp. This file composes them: the
+// public API, the leader protocol (who forms the next batch, its sleep and wake-up, lane
+// leasing), execution and completion, and the metrics. It stays longer than the core's
+// usual 700 lines because most of it is the public API's documentation (the types and
+// members users read), and the rest shares the Pipeline's counters and state so closely
+// (every outcome is counted, timed and released to the admission policy in one place)
+// that splitting it further would pass that state around rather than hide it.
 #pragma once
 
 #include <algorithm>
@@ -65,7 +76,8 @@
 #include <tailbatch/detail/cycle_stamp.hpp>
 #include <tailbatch/detail/pipeline_completion.hpp>
 #include <tailbatch/detail/pipeline_occupancy.hpp>
-#include <tailbatch/detail/queue_staging.hpp>
+#include <tailbatch/detail/submit_shards.hpp>
+#include <tailbatch/detail/batch_former.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/lanes.hpp>
 #include <tailbatch/metrics.hpp>
@@ -237,32 +249,6 @@ struct CancelHook {
 template <class C>
 inline constexpr bool is_real_time_clock = std::is_same_v<C, SteadyClock>;
 
-// A hint to the processor that this thread is spinning.
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-// Locks m, trying a little first: its holders keep it for tens of nanoseconds, far less
-// than a sleep and wake-up in the kernel costs the waiter and the holder.
-inline void lock_spinning(std::mutex& m) {
-  for (int i = 0; i < 32; ++i) {
-    if (m.try_lock()) return;
-    cpu_relax();
-  }
-  m.lock();
-}
-
-// Asks for the cache line at p in a state fit for writing, ahead of the write.
-inline void prefetch_for_write([[maybe_unused]] const void* p) noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(p, 1);
-#endif
-}
-
 // The admission policy's limit, when it has an observer for one.
 template <class A>
 std::optional<std::uint64_t> admission_limit(const A& a) noexcept {
@@ -299,7 +285,9 @@ std::optional<std::uint64_t> admission_limit(const A& a) noexcept {
 // Exceptions: the constructor throws std::invalid_argument naming a bad field,
 // std::bad_alloc and std::system_error (a thread could not start). submit() with a
 // callback never throws; submit() returning a future throws only std::bad_alloc (for the
-// future's shared state). Nothing a model or callback throws leaves the Pipeline.
+// future's shared state). Nothing a model or callback throws leaves the Pipeline. Under
+// -fno-exceptions the Pipeline works the same; bad configuration then prints its message
+// and aborts (detail/throw.hpp).
 template <class Req, class Resp, BatchPolicy Policy = FixedWindow, LaneBackend Lanes = HostLanes,
           AdmissionPolicy Admission = AdmitAll, Clock C = SteadyClock>
   requires std::move_constructible<Req> && std::default_initializable<Resp> && std::movable<Resp>
@@ -353,19 +341,14 @@ class Pipeline {
     requires std::is_invocable_v<std::decay_t<F>&, Outcome<Resp>&&>
   void submit(Req req, SubmitOptions options, F&& on_complete) noexcept {
     detail::Completion<Resp> done;
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-      done = detail::Completion<Resp>(std::forward<F>(on_complete));
-    } catch (...) {
-      // Only allocation can fail here, before the callable was touched.
+    // Only allocation can fail here, before the callable was touched.
+    if (detail::call_guarded([&] { done = detail::Completion<Resp>(std::forward<F>(on_complete)); },
+                             [](const char*) {})) {
       count_inline(Status::failed, RejectReason::none);
       invoke_user(on_complete, Outcome<Resp>(Error{Status::failed, RejectReason::none,
                                                    "tailbatch: out of memory queueing the request", {}}));
       return;
     }
-#else
-    done = detail::Completion<Resp>(std::forward<F>(on_complete));
-#endif
     enqueue(std::move(req), options, std::move(done));
   }
 
@@ -443,9 +426,7 @@ class Pipeline {
 
   // Requests waiting in the queue (not yet in a batch). Racy by nature. Thread-safe.
   [[nodiscard]] std::size_t queued_approx() const noexcept {
-    const std::uint64_t out = dequeued_.load(std::memory_order_relaxed);
-    const std::uint64_t in = accepted_total();
-    return in > out ? static_cast<std::size_t>(in - out) : 0;
+    return shards_.queued_approx();
   }
   // Requests in batches being executed or completed right now. Racy. Thread-safe.
   [[nodiscard]] std::size_t in_flight_approx() const noexcept { return in_flight_.load(std::memory_order_relaxed); }
@@ -500,10 +481,7 @@ class Pipeline {
   // turn, briefly. Thread-safe.
   [[nodiscard]] PipelineStats stats() const {
     PipelineStats s;
-    for (std::size_t i = 0; i < shard_count_; ++i) {
-      std::lock_guard lock(shards_[i].mu);
-      s.submitted += shards_[i].accepted.load(std::memory_order_relaxed);
-    }
+    s.submitted = shards_.accepted_exact();
     s.queued = queued_approx();
     s.submitted += inline_submitted_.load(std::memory_order_relaxed);
     for (std::size_t i = 0; i < s.by_status.size(); ++i) s.by_status[i] = by_status_[i].load(std::memory_order_relaxed);
@@ -589,6 +567,11 @@ class Pipeline {
   struct EntryTraits {
     static bool gone(const Entry& e) noexcept { return !e.meta.done; }
     static BatchTime deadline(const Entry& e) noexcept { return e.meta.deadline; }
+    static BatchTime arrival(const Entry& e) noexcept { return e.meta.arrival; }
+    static bool cancelled(const Entry& e) noexcept {
+      return e.meta.cancel && e.meta.cancel->fired.load(std::memory_order_acquire);
+    }
+    static std::size_t cost(const Entry& e) noexcept { return e.cost_value(); }
   };
 
   struct Batch {
@@ -628,40 +611,14 @@ class Pipeline {
   };
   enum Hist : std::size_t { queue_wait = 0, formation = 1, model_time = 2, end_to_end = 3 };
 
-  using Staged = detail::StagedQueue<Entry, EntryTraits>;
-  using Pick = typename Staged::Pos;
+  using Shards = detail::SubmitShards<Entry>;
+  using Former = detail::BatchFormer<Entry, EntryTraits, Policy>;
+  using Round = typename Former::Round;
+  static constexpr std::size_t npos = Former::npos;
 
-  struct View {
-    std::vector<BatchCandidate> candidates;
-    std::vector<Pick> picks;
-  };
-
-  static constexpr std::size_t max_shards = 64;  // one bit each in dirty_shards_
   // Arrival stamps from the cycle counter: with the real-time clock only (a test's
   // ManualClock is read as it is).
   static constexpr bool cycle_stamps = detail::is_real_time_clock<C> && detail::has_cycle_counter;
-  static constexpr std::size_t shard_probe = 8;  // shards a thread may claim: home and the next 7
-  static constexpr std::size_t max_capacity = std::size_t{1} << 62;  // fits free_slots_
-
-  // One of the queues submitters append to. Everything in it is under its mu.
-  struct alignas(64) Shard {
-    mutable std::mutex mu;
-    // Per sub-queue (priority, bucket): a chain of fixed-capacity chunks being filled.
-    std::vector<std::vector<std::vector<Entry>>> incoming;
-    std::vector<std::uint32_t> dirty;              // sub-queues with something incoming
-    std::vector<std::vector<Entry>> free_chunks;   // emptied chunks, capacity kept
-    std::size_t chunks_made = 0;
-    std::size_t slots = 0;                         // queue places claimed, not yet used
-    // The submit times of the requests incoming here, summed (modulo 2^64), for the
-    // occupancy integrals: clock readings (BatchDuration ticks since the clock's epoch),
-    // and cycle-counter readings.
-    std::uint64_t enter_ns_sum = 0;
-    std::uint64_t enter_ns_count = 0;
-    std::uint64_t enter_cycles_sum = 0;
-    std::uint64_t enter_cycles_count = 0;
-    // Requests queued here since construction (written under mu, read without it).
-    std::atomic<std::uint64_t> accepted{0};
-  };
 
   Pipeline(Model model, Policy policy, Config config, std::unique_ptr<Lanes> own_lanes, Lanes* lanes,
            std::unique_ptr<Admission> own_admission, Admission* admission, C clock)
@@ -674,32 +631,13 @@ class Pipeline {
         owned_admission_(std::move(own_admission)),
         admission_(owned_admission_ ? owned_admission_.get() : admission),
         max_batch_(policy_.max_batch()),
-        staged_(priority_levels, bucket_count(policy_), policy_.order()),
+        shards_(config_.submit_shards, priority_levels * bucket_count(policy_), config_.queue_capacity),
+        former_(policy_, bucket_count(policy_), config_.starvation_limit,
+                lanes_ != nullptr ? lanes_->size() * lanes_->lane_capacity() : 1),
         occupancy_(clock_.now()) {
     validate();
     total_slots_ = lanes_->size() * lanes_->lane_capacity();
     littles_last_.at = occupancy_.read(BatchTime{}).at;
-    shard_count_ = config_.submit_shards != 0 ? config_.submit_shards : auto_shard_count();
-    shards_ = std::make_unique<Shard[]>(shard_count_);
-    shard_owner_ = std::make_unique<std::atomic<std::uint64_t>[]>(shard_count_);
-    free_slots_.store(static_cast<std::int64_t>(std::min<std::size_t>(config_.queue_capacity, max_capacity)),
-                      std::memory_order_relaxed);
-    // A shard claims up to this many places at once; all shards together then hold back
-    // less than 1/16 of the capacity.
-    slot_block_ = std::clamp<std::size_t>(config_.queue_capacity / (16 * shard_count_), 1, 32);
-    for (std::size_t i = 0; i < shard_count_; ++i) {
-      shards_[i].incoming.resize(staged_.sub_count());
-      shards_[i].dirty.reserve(staged_.sub_count());
-    }
-    // The leader may take every shard's every chain at once, and hands each an empty one.
-    ingest_.reserve(shard_count_ * staged_.sub_count());
-    spare_chains_.resize(shard_count_ * staged_.sub_count());
-    chunk_entries_ = std::clamp<std::size_t>(4096 / sizeof(Entry), 16, 1024);
-    views_.resize(staged_.buckets());
-    for (View& v : views_) {
-      v.candidates.reserve(max_batch_);
-      v.picks.reserve(max_batch_);
-    }
     reserve(manual_batch_);
     if (config_.metrics != nullptr) register_metrics(*config_.metrics);
     last_rate_sample_ = clock_.now();
@@ -728,11 +666,6 @@ class Pipeline {
 #endif
   }
 
-  static std::size_t auto_shard_count() noexcept {
-    const std::size_t hw = std::max(1U, std::thread::hardware_concurrency());
-    return std::clamp<std::size_t>(4 * hw, 16, max_shards);
-  }
-
   static std::size_t bucket_count(const Policy& p) noexcept {
     if constexpr (BucketedBatchPolicy<Policy>) {
       return std::max<std::size_t>(1, p.bucket_count());
@@ -756,7 +689,7 @@ class Pipeline {
     if (config_.dispatch_spin < std::chrono::nanoseconds::zero()) {
       detail::throw_invalid_argument("Pipeline: dispatch_spin must be >= 0");
     }
-    if (config_.submit_shards > max_shards) {
+    if (config_.submit_shards > Shards::max_shards) {
       detail::throw_invalid_argument("Pipeline: submit_shards must be at most 64 (0: automatic)");
     }
     if (lanes_->size() < 1) detail::throw_invalid_argument("Pipeline: lanes must have size() >= 1");
@@ -845,28 +778,26 @@ class Pipeline {
     }
     std::size_t cost = 1;
     std::size_t bucket = 0;
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-#endif
-      if constexpr (detail::policy_uses_cost<Policy>()) cost = config_.request_cost(req);
-      if constexpr (CostLimitedBatchPolicy<Policy>) {
-        if (cost > policy_.max_cost()) {
-          return reject_inline(done, RejectReason::too_large,
-                               "tailbatch: the request's cost " + std::to_string(cost) +
-                                   " exceeds the batch policy's limit of " + std::to_string(policy_.max_cost()) +
-                                   " per batch: it can never run");
-        }
-      }
-#if TAILBATCH_HAS_EXCEPTIONS
-    } catch (const std::exception& e) {
-      return complete_inline(done, Error{Status::failed, RejectReason::none,
-                                         std::string("tailbatch: request_cost threw: ") + e.what(), {}});
-    } catch (...) {
-      return complete_inline(done, Error{Status::failed, RejectReason::none, "tailbatch: request_cost threw", {}});
+    if constexpr (detail::policy_uses_cost<Policy>()) {
+      bool threw = false;
+      detail::call_guarded([&] { cost = config_.request_cost(req); },
+                           [&](const char* what) {
+                             threw = true;
+                             complete_inline(done, Error{Status::failed, RejectReason::none,
+                                                         what != nullptr
+                                                             ? std::string("tailbatch: request_cost threw: ") + what
+                                                             : std::string("tailbatch: request_cost threw"),
+                                                         {}});
+                           });
+      if (threw) return;
     }
-#endif
+    if constexpr (CostLimitedBatchPolicy<Policy>) {
+      if (cost > policy_.max_cost()) {
+        return reject_too_large(done, cost);
+      }
+    }
     if constexpr (BucketedBatchPolicy<Policy>) {
-      bucket = std::min(policy_.bucket_of(cost), staged_.buckets() - 1);
+      bucket = std::min(policy_.bucket_of(cost), former_.staged().buckets() - 1);
     }
 
     std::optional<Ticket> ticket = admission_->try_admit();
@@ -877,82 +808,41 @@ class Pipeline {
 
     std::unique_ptr<Hook> hook;
     if (options.cancel.stop_possible()) {
-#if TAILBATCH_HAS_EXCEPTIONS
-      try {
-#endif
-        hook = std::make_unique<Hook>(&Pipeline::on_cancel, this);
-        // Registered before queueing: a stop that lands in between is seen by the leader.
-        hook->callback.emplace(options.cancel, Hook::Fire{hook.get()});
-#if TAILBATCH_HAS_EXCEPTIONS
-      } catch (...) {
+      const bool threw = detail::call_guarded(
+          [&] {
+            hook = std::make_unique<Hook>(&Pipeline::on_cancel, this);
+            // Registered before queueing: a stop that lands in between is seen by the leader.
+            hook->callback.emplace(options.cancel, Hook::Fire{hook.get()});
+          },
+          [](const char*) {});
+      if (threw) {
         return finish_inline(done, std::move(*ticket), arrival,
                              Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}});
       }
-#endif
     }
 
-    const std::size_t sub = staged_.sub_index(level, bucket);
-    const std::size_t my_shard = shard_of_this_thread();
-    Shard& shard = shards_[my_shard];
-    RejectReason refused = RejectReason::none;
+    const std::size_t sub = former_.staged().sub_index(level, bucket);
+    const std::size_t my_shard = shards_.shard_of_this_thread();
+    auto pushed = Shards::Push::closed;
     bool fired = false;
-    {
-      std::unique_lock lock(shard.mu, std::defer_lock);
-      bool claimed = false;
-#if TAILBATCH_HAS_EXCEPTIONS
-      try {
-#endif
-        detail::lock_spinning(shard.mu);
-        lock = std::unique_lock(shard.mu, std::adopt_lock);
-        // Under the shard lock: the leader, once it has seen closing_, sweeps every shard,
-        // so a request queued here after that sweep cannot exist.
-        if (closing_.load(std::memory_order_relaxed)) {
-          refused = RejectReason::shutting_down;
-        } else if (shard.slots == 0 && !claim_slots(shard)) {
-          refused = RejectReason::queue_full;
-        } else {
-          --shard.slots;
-          claimed = true;
-          std::vector<std::vector<Entry>>& chain = shard.incoming[sub];
-          if (chain.empty() || chain.back().size() == chain.back().capacity()) new_chunk_locked(shard, chain);
-          // Allocation, the only thing that can throw here, happened above, before the
-          // arguments were moved from: on failure they are still ours. This never
-          // reallocates: requests never move while they wait.
-          std::vector<Entry>& chunk = chain.back();
-          chunk.emplace_back(std::move(req), std::move(done), arrival, std::move(hook), std::move(*ticket), deadline,
-                             cost);
-          if (detail::stamp_is_cycles(now)) {
-            shard.enter_cycles_sum += detail::stamp_cycles(now);
-            ++shard.enter_cycles_count;
-          } else {
-            shard.enter_ns_sum += static_cast<std::uint64_t>(now.time_since_epoch().count());
-            ++shard.enter_ns_count;
-          }
-          // The next request's place, for the write that comes with it.
-          if (chunk.size() < chunk.capacity()) detail::prefetch_for_write(chunk.data() + chunk.size());
-          shard.accepted.store(shard.accepted.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-          if (shard.dirty.empty()) {
-            // Pairs with the leader's store to leader_sleeping_ and its look at
-            // dirty_shards_ before it sleeps: either it sees this shard, or this sees it
-            // asleep. (A shard already dirty is seen, or is being taken.)
-            dirty_shards_.fetch_or(std::uint64_t{1} << my_shard, std::memory_order_seq_cst);
-          }
-          if (chain.size() == 1 && chunk.size() == 1) shard.dirty.push_back(static_cast<std::uint32_t>(sub));
-          // A stop that landed between the token check and now found nothing queued to
-          // flag: flag it here, so the leader removes the request promptly.
-          const Hook* h = chunk.back().meta.cancel.get();
-          fired = h != nullptr && h->fired.load(std::memory_order_acquire);
-        }
-#if TAILBATCH_HAS_EXCEPTIONS
-      } catch (...) {
-        if (claimed) ++shard.slots;  // still under the lock: only the allocation throws
-        if (lock.owns_lock()) lock.unlock();
-        return finish_inline(done, std::move(*ticket), arrival,
-                             Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}}, std::move(hook));
-      }
-#endif
+    // Allocation (a new chunk), the only thing that can throw here, happens before the
+    // arguments are moved from: on failure they are still ours.
+    const bool threw = detail::call_guarded(
+        [&] {
+          pushed = shards_.push(my_shard, sub, closing_, now, [&](std::vector<Entry>& chunk) {
+            const Entry& e = chunk.emplace_back(std::move(req), std::move(done), arrival, std::move(hook),
+                                                std::move(*ticket), deadline, cost);
+            // A stop that landed between the token check and now found nothing queued to
+            // flag: flag it here, so the leader removes the request promptly.
+            fired = e.meta.cancel != nullptr && e.meta.cancel->fired.load(std::memory_order_acquire);
+          });
+        },
+        [](const char*) {});
+    if (threw) {
+      return finish_inline(done, std::move(*ticket), arrival,
+                           Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}}, std::move(hook));
     }
-    if (refused == RejectReason::none) {
+    if (pushed == Shards::Push::queued) {
       if (fired) cancel_pending_.store(true, std::memory_order_seq_cst);
       if (leader_sleeping_.load(std::memory_order_seq_cst)) {
         // Only while the leader sleeps are arrivals counted: it asked to be woken by so
@@ -966,68 +856,24 @@ class Pipeline {
       return;
     }
     // The hook is destroyed in finish_inline, outside the lock its callback takes.
-    const bool full = refused == RejectReason::queue_full;
+    const bool full = pushed == Shards::Push::queue_full;
     finish_inline(done, std::move(*ticket), arrival,
-                  Error{Status::rejected, refused,
+                  Error{Status::rejected, full ? RejectReason::queue_full : RejectReason::shutting_down,
                         full ? "tailbatch: the queue is full" : "tailbatch: the pipeline is shutting down",
                         full ? retry_after_hint() : std::chrono::nanoseconds{0}},
                   std::move(hook));
   }
 
-  // Appends an empty chunk to chain: a recycled one, or a new one. Under shard.mu.
-  // Throws std::bad_alloc with nothing changed.
-  void new_chunk_locked(Shard& shard, std::vector<std::vector<Entry>>& chain) {
-    if (chain.size() == chain.capacity()) chain.reserve(std::max<std::size_t>(4, 2 * chain.capacity()));
-    if (shard.free_chunks.empty()) {
-      std::vector<Entry> fresh;
-      fresh.reserve(chunk_entries_);
-      // Room for every chunk this shard made to come back at once (the leader fills the
-      // free list only up to its capacity).
-      shard.free_chunks.reserve(shard.chunks_made + 1);
-      ++shard.chunks_made;
-      chain.push_back(std::move(fresh));
-    } else {
-      chain.push_back(std::move(shard.free_chunks.back()));
-      shard.free_chunks.pop_back();
-    }
-  }
-
-  // The submit shard of the calling thread. On its first submit a thread claims a free
-  // shard near the one its id hashes to (one of shard_probe); once those are all
-  // claimed it shares that one. Either way a thread keeps to one shard.
-  [[nodiscard]] std::size_t shard_of_this_thread() noexcept {
-    if (shard_count_ == 1) return 0;
-    const std::uint64_t key = std::hash<std::thread::id>{}(std::this_thread::get_id()) | 1;  // never 0: free
-    const std::uint64_t mixed = (key ^ (key >> 29)) * 0x9E3779B97F4A7C15ULL;  // spread the bits
-    const auto home = static_cast<std::size_t>(((mixed >> 32) * shard_count_) >> 32);
-    const std::size_t probes = std::min(shard_probe, shard_count_);
-    for (std::size_t j = 0, i = home; j < probes; ++j, i = i + 1 == shard_count_ ? 0 : i + 1) {
-      std::uint64_t owner = shard_owner_[i].load(std::memory_order_relaxed);
-      if (owner == key) return i;
-      if (owner == 0 && shard_owner_[i].compare_exchange_strong(owner, key, std::memory_order_relaxed)) return i;
-    }
-    return home;
-  }
-
-  // Moves up to slot_block_ places from the shared pool to the shard. Under shard.mu.
-  // False: none is free (the queue is full, or the free places are held by other shards).
-  bool claim_slots(Shard& shard) noexcept {
-    std::int64_t free = free_slots_.load(std::memory_order_relaxed);
-    while (free > 0) {
-      const std::int64_t n = std::min<std::int64_t>(free, static_cast<std::int64_t>(slot_block_));
-      if (free_slots_.compare_exchange_weak(free, free - n, std::memory_order_relaxed)) {
-        shard.slots += static_cast<std::size_t>(n);
-        return true;
-      }
-    }
-    return false;
-  }
-
-  // Requests queued since construction, over all shards. Racy.
-  [[nodiscard]] std::uint64_t accepted_total() const noexcept {
-    std::uint64_t n = 0;
-    for (std::size_t i = 0; i < shard_count_; ++i) n += shards_[i].accepted.load(std::memory_order_relaxed);
-    return n;
+  // A request whose cost no batch can hold.
+  void reject_too_large(detail::Completion<Resp>& done, std::size_t cost) noexcept {
+    std::string message;
+    detail::call_guarded(
+        [&] {
+          message = "tailbatch: the request's cost " + std::to_string(cost) + " exceeds the batch policy's limit of " +
+                    std::to_string(policy_.max_cost()) + " per batch: it can never run";
+        },
+        [](const char*) {});
+    reject_inline(done, RejectReason::too_large, std::move(message));
   }
 
   // Ends the leader's sleep, once (a waker that finds it awake does nothing).
@@ -1046,9 +892,7 @@ class Pipeline {
   std::chrono::nanoseconds retry_after_hint() const noexcept {
     const double rate = drain_rate_.load(std::memory_order_relaxed);
     if (rate <= 0.0) return std::chrono::nanoseconds{0};
-    const auto capacity = static_cast<std::int64_t>(std::min<std::size_t>(config_.queue_capacity, max_capacity));
-    const std::int64_t in_use = capacity - std::max<std::int64_t>(0, free_slots_.load(std::memory_order_relaxed));
-    const double depth = static_cast<double>(std::max<std::int64_t>(1, in_use));
+    const double depth = static_cast<double>(std::max<std::size_t>(1, shards_.places_in_use_approx()));
     const double seconds = std::min(depth / rate, 60.0);
     return std::chrono::nanoseconds(std::llround(seconds * 1e9));
   }
@@ -1110,29 +954,13 @@ class Pipeline {
 
   template <class F>
   void invoke_user(F& f, Outcome<Resp>&& o) noexcept {
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-      std::invoke(f, std::move(o));
-    } catch (...) {
-      note_callback_exception();
-    }
-#else
-    std::invoke(f, std::move(o));
-#endif
+    if (detail::call_guarded([&] { std::invoke(f, std::move(o)); }, [](const char*) {})) note_callback_exception();
   }
 
   void deliver(detail::Completion<Resp>& done, Outcome<Resp>&& o) noexcept {
     // Before the outcome is set: whoever it wakes sees itself no longer blocked.
     if (done.template holds<FutureDone>()) future_waiters_.fetch_sub(1, std::memory_order_relaxed);
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-      done(std::move(o));
-    } catch (...) {
-      note_callback_exception();
-    }
-#else
-    done(std::move(o));
-#endif
+    if (detail::call_guarded([&] { done(std::move(o)); }, [](const char*) {})) note_callback_exception();
   }
 
   void note_callback_exception() noexcept {
@@ -1153,14 +981,8 @@ class Pipeline {
     ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 #endif
     Batch batch;
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-      reserve(batch);
-    } catch (...) {
-    }
-#else
-    reserve(batch);
-#endif
+    // Without the reservation (out of memory) the batch still forms, allocating as it goes.
+    (void)detail::call_guarded([&] { reserve(batch); }, [](const char*) {});
     LeaseSlot lease;
     for (;;) {
       Lead r;
@@ -1179,16 +1001,11 @@ class Pipeline {
   // slot is busy.
   static constexpr std::chrono::milliseconds lane_wait{2};
   LeaseSlot wait_for_lane() noexcept {
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-      return lanes_->acquire_for(lane_wait);
-    } catch (...) {
+    LeaseSlot lease;
+    if (detail::call_guarded([&] { lease = lanes_->acquire_for(lane_wait); }, [](const char*) {})) {
       std::this_thread::sleep_for(lane_wait);
-      return std::nullopt;
     }
-#else
-    return lanes_->acquire_for(lane_wait);
-#endif
+    return lease;
   }
 
   void drain_in_caller() noexcept {
@@ -1244,9 +1061,9 @@ class Pipeline {
       cancels = cancel_pending_.load(std::memory_order_relaxed) && cancel_pending_.exchange(false, std::memory_order_seq_cst);
       // Once closing, every shard: a submitter that saw closing_ false under a shard's
       // lock has queued by the time this takes that lock.
-      std::uint64_t take = dirty_shards_.exchange(0, std::memory_order_relaxed);
-      if (closing) take = shard_count_ == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << shard_count_) - 1;
-      for (; take != 0; take &= take - 1) take_shard(static_cast<std::size_t>(std::countr_zero(take)));
+      shards_.take(closing, [this](std::vector<std::vector<Entry>>& free_list, std::size_t most) {
+        former_.staged().give_back_chunks(free_list, most);
+      });
       BatchTime now{};
       std::uint64_t cycles = 0;
       if constexpr (cycle_stamps) {
@@ -1261,7 +1078,7 @@ class Pipeline {
         now = clock_.now();
       }
       stage_ingested(now, cycles);
-      if (cancels) purge_cancelled(now);
+      if (cancels) former_.purge_cancelled(now, dead_sink());
       if (closing && now >= drain_deadline) {
         reject_all_staged();
         publish_dequeued();
@@ -1269,7 +1086,7 @@ class Pipeline {
         lease.reset();
         return Lead::finished;
       }
-      Round round = decide_round(now, closing, idle_lane_slots(lease.has_value()));
+      const Round round = former_.decide(now, closing, idle_lane_slots(lease.has_value()), dead_sink());
       if (round.bucket != npos) {
         if (!lease) lease = lanes_->try_acquire();
         if (lease) {
@@ -1277,7 +1094,7 @@ class Pipeline {
           publish_dequeued();
           return Lead::formed;
         }
-        compact_all();
+        former_.compact_all();
         publish_dequeued();
         if (!may_sleep) {
           next_due = now;
@@ -1287,9 +1104,9 @@ class Pipeline {
         continue;
       }
       lease.reset();  // nothing to run: the slot goes back before any wait
-      compact_all();
+      former_.compact_all();
       publish_dequeued();
-      if (closing && staged_.size() == 0) {
+      if (closing && former_.size() == 0) {
         finished_ = true;
         return Lead::finished;
       }
@@ -1306,9 +1123,9 @@ class Pipeline {
       if (wake_at != BatchTime::max() && now >= early) {
         // Newcomers end the spin only once there are enough to change the decision, as
         // they would end a sleep: the spinning leader leaves the shards to the submitters.
-        const std::uint64_t enough = ingested_ + std::max<std::size_t>(1, round.wake_delta);
+        const std::uint64_t enough = shards_.taken_total() + std::max<std::size_t>(1, round.wake_delta);
         while (clock_.now() < wake_at && !closing_.load(std::memory_order_relaxed) &&
-               (dirty_shards_.load(std::memory_order_relaxed) == 0 || accepted_total() < enough)) {
+               (!shards_.any_dirty(std::memory_order_relaxed) || shards_.accepted_approx() < enough)) {
           detail::cpu_relax();
         }
         continue;
@@ -1322,7 +1139,7 @@ class Pipeline {
       // Pairs with a submitter's flagging of its shard (or a canceller's flag) and its
       // look at leader_sleeping_: either this sees the newcomer, or the newcomer sees
       // the leader asleep.
-      if (dirty_shards_.load(std::memory_order_seq_cst) != 0 || cancel_pending_.load(std::memory_order_seq_cst) ||
+      if (shards_.any_dirty(std::memory_order_seq_cst) || cancel_pending_.load(std::memory_order_seq_cst) ||
           closing_.load(std::memory_order_relaxed) != closing) {
         leader_sleeping_.store(false, std::memory_order_relaxed);
         continue;
@@ -1336,45 +1153,15 @@ class Pipeline {
     }
   }
 
-  // Takes a submit shard's incoming chains (whole chains of chunks change hands; no
-  // request moves) and refills its free list.
-  void take_shard(std::size_t i) noexcept {
-    Shard& shard = shards_[i];
-    detail::lock_spinning(shard.mu);
-    std::lock_guard lock(shard.mu, std::adopt_lock);
-    std::size_t taken = 0;
-    for (const std::uint32_t s : shard.dirty) {
-      for (const std::vector<Entry>& chunk : shard.incoming[s]) ingested_ += chunk.size();
-      taken += shard.incoming[s].size();
-      ingest_.emplace_back(s, std::move(shard.incoming[s]));  // within the reserved capacity
-      shard.incoming[s] = std::move(spare_chains_.back());  // an empty chain with capacity
-      spare_chains_.pop_back();
-    }
-    shard.dirty.clear();
-    enter_ns_sum_ += std::exchange(shard.enter_ns_sum, 0);
-    enter_ns_count_ += std::exchange(shard.enter_ns_count, 0);
-    enter_cycles_sum_ += std::exchange(shard.enter_cycles_sum, 0);
-    enter_cycles_count_ += std::exchange(shard.enter_cycles_count, 0);
-    // As many recycled chunks as were taken, and one more, up to the free list's
-    // capacity (never allocates): the lock is held for a few moves, whatever the pool
-    // holds.
-    staged_.give_back_chunks(shard.free_chunks, taken + 1);
-  }
+  // Makes what the leader took off the queue visible to submitters' capacity check: their
+  // places go back to the pool.
+  void publish_dequeued() noexcept { shards_.publish_dequeued(former_.dequeued()); }
 
-  // Makes what the leader took off the queue visible to submitters' capacity check.
-  void publish_dequeued() noexcept {
-    if (dequeued_local_ == dequeued_published_) return;
-    // Their places go back to the pool.
-    free_slots_.fetch_add(static_cast<std::int64_t>(dequeued_local_ - dequeued_published_), std::memory_order_relaxed);
-    dequeued_.store(dequeued_local_, std::memory_order_relaxed);
-    dequeued_published_ = dequeued_local_;
-  }
-
-  // Stages what take_shard took. (now, cycles): a reading of the clock and the counter
+  // Stages what shards_.take() took. (now, cycles): a reading of the clock and the counter
   // taken after it, to convert counter stamps with.
   void stage_ingested(BatchTime now, [[maybe_unused]] std::uint64_t cycles) noexcept {
-    note_entered(now, cycles);
-    for (auto& [s, chain] : ingest_) {
+    note_entered(shards_.take_entered(), now, cycles);
+    shards_.drain_taken([&](std::size_t s, std::vector<std::vector<Entry>>& chain) {
       for (std::vector<Entry>& chunk : chain) {
         if constexpr (cycle_stamps) {
           for (Entry& e : chunk) {
@@ -1385,50 +1172,38 @@ class Pipeline {
             }
           }
         }
-#if TAILBATCH_HAS_EXCEPTIONS
-        try {
-          staged_.add_chunk(s, chunk);
-        } catch (...) {
-          // Out of memory while staging: these requests fail rather than vanish.
-          for (Entry& e : chunk) {
-            ++dequeued_local_;
-            complete_entry(e, Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}}, now);
-          }
-          chunk.clear();
-        }
-#else
-        staged_.add_chunk(s, chunk);
-#endif
+        detail::call_guarded([&] { former_.staged().add_chunk(s, chunk); },
+                             [&](const char*) {
+                               // Out of memory while staging: these requests fail rather than vanish.
+                               for (Entry& e : chunk) {
+                                 former_.note_dequeued(1);
+                                 complete_entry(e, Error{Status::failed, RejectReason::none,
+                                                         "tailbatch: out of memory", {}}, now);
+                               }
+                               chunk.clear();
+                             });
       }
-      chain.clear();
-      spare_chains_.push_back(std::move(chain));  // within the reserved capacity
-    }
-    ingest_.clear();
-    staged_.settle();
+    });
+    former_.staged().settle();
   }
 
   // Enters the requests taken from the shards into the occupancy integrals, each from its
   // submit time. (now, cycles): a reading of the clock and the counter taken after the take.
-  void note_entered(BatchTime now, [[maybe_unused]] std::uint64_t cycles) noexcept {
-    const std::uint64_t n = enter_ns_count_ + enter_cycles_count_;
+  void note_entered(const detail::EnteredSums& in, BatchTime now, [[maybe_unused]] std::uint64_t cycles) noexcept {
+    const std::uint64_t n = in.ns_count + in.cycles_count;
     if (n == 0) return;
     // The sums of ages: n x now - sum of submit times, exact modulo 2^64 (and small).
     const auto now_ticks = static_cast<std::uint64_t>(now.time_since_epoch().count());
     double age = static_cast<double>(std::max<std::int64_t>(
-        0, static_cast<std::int64_t>(enter_ns_count_ * now_ticks - enter_ns_sum_)));
+        0, static_cast<std::int64_t>(in.ns_count * now_ticks - in.ns_sum)));
     if constexpr (cycle_stamps) {
-      if (enter_cycles_count_ > 0) {
-        const auto ticks = static_cast<std::int64_t>(enter_cycles_count_ * cycles - enter_cycles_sum_);
+      if (in.cycles_count > 0) {
+        const auto ticks = static_cast<std::int64_t>(in.cycles_count * cycles - in.cycles_sum);
         const double ns = static_cast<double>(std::max<std::int64_t>(0, ticks)) * calibration_.ns_per_cycle();
         age += std::chrono::duration_cast<BatchDuration>(std::chrono::duration<double, std::nano>(ns)).count();
       }
     }
     occupancy_.enter(now, n, BatchDuration(static_cast<BatchDuration::rep>(age)));
-    enter_ns_sum_ = enter_ns_count_ = enter_cycles_sum_ = enter_cycles_count_ = 0;
-  }
-
-  [[nodiscard]] bool is_cancelled(const Entry& e) const noexcept {
-    return e.meta.cancel && e.meta.cancel->fired.load(std::memory_order_acquire);
   }
 
   // Completes a queued request that will not run. Leaves e gone.
@@ -1449,64 +1224,33 @@ class Pipeline {
     deliver(m.done, Outcome<Resp>(std::move(err)));
   }
 
-  void complete_dead(Entry& e, const Pick& p, BatchTime now) noexcept {
-    staged_.removed(p);
-    ++dequeued_local_;
-    publish_dequeued();  // before the completion: whoever it wakes sees the queue without it
-    if (is_cancelled(e)) {
-      complete_entry(e, Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}}, now);
-    } else {
-      complete_entry(e,
-                     Error{Status::deadline_exceeded, RejectReason::none,
-                           "tailbatch: the deadline passed before the request could run", {}},
-                     now);
-    }
+  // What the former hands over of a request that will not run: completes it, once its
+  // place is back in the pool (whoever the completion wakes sees the queue without it).
+  auto dead_sink() noexcept {
+    return [this](Entry& e, Status why, BatchTime now) {
+      publish_dequeued();
+      switch (why) {
+        case Status::cancelled:
+          complete_entry(e, Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}}, now);
+          break;
+        case Status::rejected:
+          complete_entry(e,
+                         Error{Status::rejected, RejectReason::shutting_down,
+                               "tailbatch: the pipeline shut down before the request could run", {}},
+                         now);
+          break;
+        default:
+          complete_entry(e,
+                         Error{Status::deadline_exceeded, RejectReason::none,
+                               "tailbatch: the deadline passed before the request could run", {}},
+                         now);
+          break;
+      }
+    };
   }
 
-  void purge_cancelled(BatchTime now) noexcept {
-    for (std::size_t s = 0; s < staged_.sub_count(); ++s) {
-      if (staged_.live_in_sub(s) == 0) continue;
-      staged_.for_each(s, [&](Entry& e, const Pick& p) {
-        if (is_cancelled(e)) complete_dead(e, p, now);
-        return true;
-      });
-      staged_.compact(s);
-    }
-  }
+  void reject_all_staged() noexcept { former_.remove_all(clock_.now(), dead_sink()); }
 
-  void reject_all_staged() noexcept {
-    const BatchTime now = clock_.now();
-    for (std::size_t s = 0; s < staged_.sub_count(); ++s) {
-      if (staged_.live_in_sub(s) == 0) continue;
-      staged_.for_each(s, [&](Entry& e, const Pick& p) {
-        staged_.removed(p);
-        ++dequeued_local_;
-        publish_dequeued();
-        complete_entry(e,
-                       Error{Status::rejected, RejectReason::shutting_down,
-                             "tailbatch: the pipeline shut down before the request could run", {}},
-                       now);
-        return true;
-      });
-      staged_.compact(s);
-    }
-  }
-
-  void compact_all() noexcept {
-    for (std::size_t s = 0; s < staged_.sub_count(); ++s) staged_.compact(s);
-  }
-
-  static constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
-
-  struct Round {
-    std::size_t bucket = npos;  // the bucket to dispatch from, or npos: wait
-    BatchDecision decision{};   // for that bucket
-    BatchDecision wait{};       // when waiting: the earliest reasons to decide again
-    std::size_t wake_delta = 1;
-  };
-
-  // Builds every non-empty bucket's view, completing dead requests on the way, and asks
-  // the policy about each. The bucket whose first candidate is most urgent wins.
   // Lane slots free for a batch now: the backend's count where it keeps one (with the
   // slot the leader holds, if any), else every slot not running one of this Pipeline's
   // batches.
@@ -1519,104 +1263,7 @@ class Pipeline {
     }
   }
 
-  Round decide_round(BatchTime now, bool flush, std::size_t idle_lanes) noexcept {
-    Round round;
-    round.wait.decide_again_at = BatchTime::max();
-    round.wait.decide_again_if_deadline_before = BatchTime::min();
-    std::size_t best_delta = npos;
-    // Rank of a winner: (starving first, then priority, then order key, then arrival).
-    struct Rank {
-      int starving;
-      int lane;
-      BatchTime key;
-      BatchTime arrival;
-      bool operator<(const Rank& o) const noexcept {
-        if (starving != o.starving) return starving < o.starving;
-        if (lane != o.lane) return lane < o.lane;
-        if (key != o.key) return key < o.key;
-        return arrival < o.arrival;
-      }
-    };
-    Rank best{};
-    for (std::size_t b = 0; b < staged_.buckets(); ++b) {
-      if (staged_.live_in_bucket(b) == 0) continue;
-      View& v = views_[b];
-      const bool head_starving = build_view(b, now, v);
-      if (v.candidates.empty()) continue;
-      BatchView bv{std::span<const BatchCandidate>(v.candidates), staged_.live_in_bucket(b), now, flush, idle_lanes,
-                   total_slots_};
-      BatchDecision d = policy_.decide(bv);
-      if (d.count > 0) {
-        d.count = std::min(d.count, v.candidates.size());
-        const Entry& head = staged_.at(v.picks.front());
-        const BatchTime key = policy_.order() == BatchOrder::earliest_deadline ? head.meta.deadline : BatchTime{};
-        const Rank r{head_starving ? 0 : 1, static_cast<int>(v.picks.front().sub % priority_levels), key, head.meta.arrival};
-        if (round.bucket == npos || r < best) {
-          best = r;
-          round.bucket = b;
-          round.decision = d;
-        }
-      } else {
-        round.wait.decide_again_at = std::min(round.wait.decide_again_at, d.decide_again_at);
-        round.wait.decide_again_if_deadline_before =
-            std::max(round.wait.decide_again_if_deadline_before, d.decide_again_if_deadline_before);
-        const std::size_t q = bv.queued;
-        const std::size_t delta = d.decide_again_at_queued > q ? d.decide_again_at_queued - q : 1;
-        best_delta = std::min(best_delta, delta);
-      }
-    }
-    round.wake_delta = best_delta == npos ? 1 : best_delta;
-    return round;
-  }
-
-  // Fills v with bucket b's candidates in service order. Returns whether the first one
-  // comes from a starving lane.
-  bool build_view(std::size_t b, BatchTime now, View& v) noexcept {
-    v.candidates.clear();
-    v.picks.clear();
-    std::array<std::size_t, priority_levels> order{};
-    std::size_t n = 0;
-    bool first_starving = false;
-    // Starving lower lanes first (in priority order), then every other lane.
-    for (std::size_t lane = 1; lane < priority_levels; ++lane) {
-      if (lane_starving(lane, b, now)) order[n++] = lane;
-    }
-    const std::size_t starving = n;
-    for (std::size_t lane = 0; lane < priority_levels; ++lane) {
-      if (std::find(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(starving), lane) ==
-          order.begin() + static_cast<std::ptrdiff_t>(starving)) {
-        order[n++] = lane;
-      }
-    }
-    for (std::size_t i = 0; i < n && v.candidates.size() < max_batch_; ++i) {
-      const std::size_t s = staged_.sub_index(order[i], b);
-      if (staged_.live_in_sub(s) == 0) continue;
-      const auto priority = static_cast<Priority>(order[i]);
-      staged_.for_each(s, [&](Entry& e, const Pick& p) {
-        if (now > e.meta.deadline || is_cancelled(e)) {
-          complete_dead(e, p, now);
-          return true;
-        }
-        if (v.candidates.empty()) first_starving = i < starving;
-        v.candidates.push_back(BatchCandidate{e.meta.arrival, e.meta.deadline, e.cost_value(), priority});
-        v.picks.push_back(p);
-        return v.candidates.size() < max_batch_;
-      });
-    }
-    return first_starving;
-  }
-
-  bool lane_starving(std::size_t lane, std::size_t b, BatchTime now) noexcept {
-    const std::size_t s = staged_.sub_index(lane, b);
-    if (staged_.live_in_sub(s) == 0) return false;
-    staged_.compact(s);
-    const Entry* e = staged_.first(s);
-    return e != nullptr && now - e->meta.arrival >= config_.starvation_limit;
-  }
-
   void form(Batch& b, const Round& round, BatchTime now) noexcept {
-    View& v = views_[round.bucket];
-    const std::size_t count = round.decision.count;
     b.reqs.clear();
     b.resps.clear();
     b.metas.clear();
@@ -1625,41 +1272,25 @@ class Pipeline {
     b.cancellable = false;
     // Within the reserved capacity, and Entry moves are expected not to throw: an
     // exception here terminates (this is noexcept) rather than lose a request.
-    for (std::size_t i = 0; i < count; ++i) {
-      const Pick& p = v.picks[i];
-      Entry& e = staged_.at(p);
+    former_.form(round, [&](Entry& e) {
       b.opened = std::min(b.opened, e.meta.arrival);
       b.earliest_deadline = std::min(b.earliest_deadline, e.meta.deadline);
       b.cancellable = b.cancellable || e.meta.cancel != nullptr;
       b.reqs.push_back(std::move(e.req));
       b.metas.push_back(std::move(e.meta));  // leaves e gone
-      staged_.removed(p);
-    }
+    });
     const std::size_t n = b.metas.size();
-    dequeued_local_ += n;
     b.padded = n;
     if constexpr (std::copy_constructible<Req>) {
       const std::size_t want = round.decision.padded_size;
       if (want > n && n > 0) {
-#if TAILBATCH_HAS_EXCEPTIONS
-        try {
-#endif
-          while (b.reqs.size() < want) b.reqs.push_back(b.reqs[n - 1]);
-#if TAILBATCH_HAS_EXCEPTIONS
-        } catch (...) {
-          b.reqs.resize(n);
-        }
-#endif
+        detail::call_guarded([&] { while (b.reqs.size() < want) b.reqs.push_back(b.reqs[n - 1]); },
+                             [&](const char*) { b.reqs.resize(n); });
         b.padded = b.reqs.size();
       }
     }
     b.reason = round.decision.reason;
     b.formed = now;
-    // Each sub-queue the batch took from, once.
-    std::uint32_t last = std::numeric_limits<std::uint32_t>::max();
-    for (std::size_t i = 0; i < count; ++i) {
-      if (v.picks[i].sub != last) staged_.compact(last = v.picks[i].sub);
-    }
     in_flight_.fetch_add(n, std::memory_order_relaxed);
     update_drain_rate(n, now);
     note_submitter_limit(b, n);
@@ -1675,7 +1306,7 @@ class Pipeline {
   // are what limits the batch. Counted; reported once, after a run of such batches.
   void note_submitter_limit(Batch& b, std::size_t n) noexcept {
     b.warn_submitters = false;
-    if (b.reason != DispatchReason::window || n >= max_batch_ || staged_.size() != 0) {
+    if (b.reason != DispatchReason::window || n >= max_batch_ || former_.size() != 0) {
       submitter_streak_ = 0;
       return;
     }
@@ -1723,27 +1354,14 @@ class Pipeline {
     std::string error;
     BatchTime end = start;
     if (n > 0) {
-#if TAILBATCH_HAS_EXCEPTIONS
-      try {
-        b.resps.resize(b.padded);
-        model_(std::span<const Req>(b.reqs.data(), b.padded), std::span<Resp>(b.resps.data(), b.padded), lane);
-      } catch (const std::exception& e) {
-        threw = true;
-        try {
-          error = e.what();
-        } catch (...) {
-        }
-      } catch (...) {
-        threw = true;
-        try {
-          error = "tailbatch: the model threw an exception not derived from std::exception";
-        } catch (...) {
-        }
-      }
-#else
-      b.resps.resize(b.padded);
-      model_(std::span<const Req>(b.reqs.data(), b.padded), std::span<Resp>(b.resps.data(), b.padded), lane);
-#endif
+      threw = detail::call_guarded(
+          [&] {
+            b.resps.resize(b.padded);
+            model_(std::span<const Req>(b.reqs.data(), b.padded), std::span<Resp>(b.resps.data(), b.padded), lane);
+          },
+          [&](const char* what) {
+            error = what != nullptr ? what : "tailbatch: the model threw an exception not derived from std::exception";
+          });
       end = clock_.now();
       if constexpr (BatchFeedbackPolicy<Policy>) {
         policy_.on_batch_executed(BatchFeedback{n, b.padded, elapsed(start, end), lane_index, start, threw});
@@ -1844,15 +1462,8 @@ class Pipeline {
     std::size_t padded = kept;
     if constexpr (std::copy_constructible<Req>) {
       if (policy_pads() && kept > 0) padded = b.padded;
-#if TAILBATCH_HAS_EXCEPTIONS
-      try {
-#endif
-        while (b.kept_reqs.size() < padded) b.kept_reqs.push_back(b.kept_reqs[kept - 1]);
-#if TAILBATCH_HAS_EXCEPTIONS
-      } catch (...) {
-        b.kept_reqs.resize(kept);
-      }
-#endif
+      detail::call_guarded([&] { while (b.kept_reqs.size() < padded) b.kept_reqs.push_back(b.kept_reqs[kept - 1]); },
+                           [&](const char*) { b.kept_reqs.resize(kept); });
       padded = b.kept_reqs.size();
     }
     b.reqs.clear();
@@ -1872,32 +1483,20 @@ class Pipeline {
 
   void warn_submitter_limit(std::size_t blocked) noexcept {
     if (!config_.log) return;
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-#endif
+    detail::call_guarded([&] {
       const std::size_t cap = max_batch_ * total_slots_;
       log_line("tailbatch: batch size looks limited by blocked submitters: " + std::to_string(blocked) +
                " callers wait on futures, fewer than max_batch x lane slots = " + std::to_string(cap) +
                ", and batches close by their window with nothing else queued. If the callers are a fixed pool of "
                "threads (a thread per request), submit with a callback instead, or let at least " +
                std::to_string(cap) + " callers wait at once.");
-#if TAILBATCH_HAS_EXCEPTIONS
-    } catch (...) {
-    }
-#endif
+    }, [](const char*) {});
   }
 
   // Writes one line to Config::log, if set; what it throws is dropped.
   void log_line(std::string_view line) noexcept {
     if (!config_.log) return;
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-      config_.log(line);
-    } catch (...) {
-    }
-#else
-    config_.log(line);
-#endif
+    detail::call_guarded([&] { config_.log(line); }, [](const char*) {});
   }
 
   // ---- metrics -----------------------------------------------------------------------
@@ -1993,17 +1592,8 @@ class Pipeline {
   std::size_t total_slots_ = 1;  // lanes x lane capacity
   bool threaded_ = false;
 
-  // Where submitters queue: shards, each under its own lock, merged by the leader.
-  std::unique_ptr<Shard[]> shards_;
-  std::unique_ptr<std::atomic<std::uint64_t>[]> shard_owner_;  // per shard: its thread's id hash, or 0
-  std::size_t shard_count_ = 1;
-  std::size_t chunk_entries_ = 256;
-  std::size_t slot_block_ = 1;
-  // Free places in the queue, not yet claimed by a shard: shards take them a block at a
-  // time, the leader gives back those of requests it takes off the queue.
-  alignas(64) std::atomic<std::int64_t> free_slots_{0};
-  std::atomic<std::uint64_t> dirty_shards_{0};  // bit i: shard i has something incoming
-  std::atomic<std::uint64_t> dequeued_{0};      // taken off the queue; written by the leader
+  // Where submitters queue (ingress): shards, each under its own lock, merged by the leader.
+  Shards shards_;
   // The leader's sleep, under mu_ (the flags are read without it, to skip the lock).
   alignas(64) mutable std::mutex mu_;
   std::condition_variable work_cv_;
@@ -2018,23 +1608,12 @@ class Pipeline {
 
   // The leader's, under lead_mu_.
   std::mutex lead_mu_;
-  Staged staged_;
-  std::vector<std::pair<std::size_t, std::vector<std::vector<Entry>>>> ingest_;
-  std::vector<std::vector<std::vector<Entry>>> spare_chains_;  // one per (shard, sub-queue)
-  std::vector<View> views_;
-  std::uint64_t dequeued_local_ = 0;
-  std::uint64_t ingested_ = 0;  // requests taken from the shards since construction
+  Former former_;  // the staged queue and batch formation
   detail::CycleCalibration calibration_;  // the cycle counter's rate, for arrival stamps
-  std::uint64_t dequeued_published_ = 0;
   bool finished_ = false;
   std::uint64_t rate_count_ = 0;
   BatchTime last_rate_sample_{};
   Batch manual_batch_;
-  // Submit times of the requests taken this turn, summed (see Shard).
-  std::uint64_t enter_ns_sum_ = 0;
-  std::uint64_t enter_ns_count_ = 0;
-  std::uint64_t enter_cycles_sum_ = 0;
-  std::uint64_t enter_cycles_count_ = 0;
   // Consecutive batches that looked limited by blocked submitters; the warning is given
   // once, after this many.
   static constexpr std::size_t submitter_warn_after = 16;

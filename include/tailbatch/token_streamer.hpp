@@ -44,6 +44,7 @@
 #include <vector>
 
 #include <tailbatch/clock.hpp>
+#include <tailbatch/detail/throw.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/outcome.hpp>
@@ -69,7 +70,7 @@ struct StreamOptions {
   // Throws std::invalid_argument naming the first bad field, prefixed by `who` (e.g.
   // "TokenStreamer: capacity must be >= 1"). Thread-safe.
   void validate(std::string_view who = "TokenStreamer: ") const {
-    auto fail = [&](const char* what) { throw std::invalid_argument(std::string(who) + what); };
+    auto fail = [&](const char* what) { detail::throw_invalid_argument(std::string(who) + what); };
     if (capacity < 1) fail("capacity must be >= 1");
     if (coalesce_tokens < 1) fail("coalesce_tokens must be >= 1");
     if (capacity < coalesce_tokens) fail("capacity must be >= coalesce_tokens");
@@ -205,9 +206,7 @@ class TokenStreamer {
                    now);
       return false;
     }
-    try {
-      buffer_.push_back(std::move(token));
-    } catch (...) {
+    if (detail::call_guarded([&] { buffer_.push_back(std::move(token)); }, [](const char*) {})) {
       close_locked(lock, Status::failed, RejectReason::none, "TokenStreamer: out of memory", now);
       return false;
     }
@@ -416,23 +415,25 @@ class TokenStreamer {
     // delivery_ belongs to the producer: reusing it saves an allocation per chunk.
     delivery_.clear();
     std::string failure;
-    try {
-      delivery_.reserve(buffer_.size());
-      for (auto& t : buffer_) delivery_.push_back(std::move(t));
-    } catch (...) {
+    if (detail::call_guarded(
+            [&] {
+              delivery_.reserve(buffer_.size());
+              for (auto& t : buffer_) delivery_.push_back(std::move(t));
+            },
+            [](const char*) {})) {
       failure = "TokenStreamer: out of memory";
     }
     buffer_.clear();
     visible_ = 0;
     lock.unlock();
     if (failure.empty() && callbacks_.on_tokens && !delivery_.empty()) {
-      try {
-        callbacks_.on_tokens(std::span<const Token>(delivery_.data(), delivery_.size()));
-      } catch (const std::exception& e) {
-        failure = std::string("TokenStreamer: on_tokens threw: ") + e.what();
-      } catch (...) {
-        failure = "TokenStreamer: on_tokens threw a non-standard exception";
-      }
+      const bool threw = detail::call_guarded(
+          [&] { callbacks_.on_tokens(std::span<const Token>(delivery_.data(), delivery_.size())); },
+          [&](const char* what) {
+            failure = what != nullptr ? std::string("TokenStreamer: on_tokens threw: ") + what
+                                      : std::string("TokenStreamer: on_tokens threw a non-standard exception");
+          });
+      if (threw && failure.empty()) failure = "TokenStreamer: on_tokens threw";
     }
     delivery_.clear();
     return failure;
@@ -474,9 +475,8 @@ class TokenStreamer {
     cv_.notify_all();
     if (!callback_mode_) return;
     StreamEnd end;
-    try {
-      end = end_;
-    } catch (...) {  // out of memory copying the message: on_end still gets the status
+    if (detail::call_guarded([&] { end = end_; }, [](const char*) {})) {
+      // Out of memory copying the message: on_end still gets the status.
       end.status = end_.status;
       end.reason = end_.reason;
       end.retry_after = end_.retry_after;
@@ -484,10 +484,8 @@ class TokenStreamer {
     }
     lock.unlock();
     if (callbacks_.on_end) {
-      try {
-        callbacks_.on_end(end);
-      } catch (...) {  // documented: exceptions from on_end are swallowed
-      }
+      // Documented: exceptions from on_end are swallowed.
+      (void)detail::call_guarded([&] { callbacks_.on_end(end); }, [](const char*) {});
     }
   }
 
