@@ -401,12 +401,8 @@ class ContinuousBatcher {
     }
     std::lock_guard step_lock(step_mutex_);
     while (!idle_locked()) {
-      try {
-        (void)turn();
-      } catch (...) {
-        // Only allocation failures reach here (step() exceptions are caught in turn()).
-        std::this_thread::yield();
-      }
+      // Only allocation failures can throw here (step() exceptions are caught in turn()).
+      if (detail::call_guarded([&] { (void)turn(); }, [](const char*) {})) std::this_thread::yield();
     }
   }
 
