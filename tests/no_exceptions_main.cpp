@@ -195,19 +195,18 @@ int main() {
     c.max_active = 4;
     tailbatch::ManualClock bclock;
     Batcher b(
-        c,
         [&](std::span<Batcher::Sequence> batch) {
           bclock.advance(1ms);
           for (auto& s : batch) {
             if (s.emits()) s.emit(static_cast<int>(s.generated()));
           }
         },
-        bclock);
+        c, bclock);
     Batcher::Request r;
     r.prompt.assign(3, 1);
     r.max_new_tokens = 5;
     auto stream = b.submit(std::move(r));
-    while (b.active_approx() + b.waiting_approx() > 0) (void)b.step_once();
+    while (b.active_approx() + b.waiting_approx() > 0) (void)b.poll();
     std::vector<int> tokens;
     while (auto t = stream->try_next()) tokens.push_back(*t);
     check(tokens == std::vector<int>{0, 1, 2, 3, 4}, "ContinuousBatcher: five tokens in order");
@@ -239,7 +238,7 @@ int main() {
             [] {
               tailbatch::ContinuousBatcherConfig bad;
               bad.max_active = 0;
-              tailbatch::ContinuousBatcher<int> b(bad, [](auto) {});
+              tailbatch::ContinuousBatcher<int> b([](auto) {}, bad);
             },
             "ContinuousBatcher: max_active must be >= 1"),
         "ContinuousBatcher: bad configuration aborts with its message");
