@@ -1200,7 +1200,7 @@ class Pipeline {
       if (in.cycles_count > 0) {
         const auto ticks = static_cast<std::int64_t>(in.cycles_count * cycles - in.cycles_sum);
         const double ns = static_cast<double>(std::max<std::int64_t>(0, ticks)) * calibration_.ns_per_cycle();
-        age += std::chrono::duration_cast<BatchDuration>(std::chrono::duration<double, std::nano>(ns)).count();
+        age += std::chrono::duration<double, BatchDuration::period>(std::chrono::duration<double, std::nano>(ns)).count();
       }
     }
     occupancy_.enter(now, n, BatchDuration(static_cast<BatchDuration::rep>(age)));
