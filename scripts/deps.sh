@@ -11,6 +11,7 @@ if [[ "${1:-}" == "--test" ]]; then
   packages+=(prometheus)        # ships promtool, which checks the Prometheus exposition
   packages+=(curl python3 wrk)  # tailbatch-serve's end-to-end test and benchmarks/server/run.sh
   packages+=(chromium libjs-chart.js)  # the /dashboard browser test; Chart.js draws its charts
+  packages+=(yamllint)          # the Kubernetes manifests' ctest (deploy/kubernetes/)
 fi
 
 missing=()
