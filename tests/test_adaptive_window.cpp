@@ -215,6 +215,26 @@ TEST_CASE("AdaptiveWindow: the arrival rate is counted from the queue, also behi
   CHECK(p.rate_rps(clock.now()) < 20.0);
 }
 
+TEST_CASE("AdaptiveWindow: a dispatch decided with no idle lane is not counted until a lane runs it",
+          "[adaptive]") {
+  // The Pipeline asks the policy before it leases a lane; with every lane busy a dispatch
+  // is not acted on: the requests stay queued and are shown again. Arrivals 5 ms apart
+  // (200/s); a lane frees at every fourth one and takes what the policy dispatches.
+  ManualClock clock;
+  const AdaptiveWindow p(config());  // cold start: dispatches whatever is queued
+  std::vector<BatchCandidate> q;
+  for (std::size_t i = 0; i < 600; ++i) {
+    clock.advance(5ms);
+    q.push_back(BatchCandidate{clock.now(), BatchTime::max(), 1, Priority::normal});
+    BatchView v = view_of(q, clock.now());
+    v.idle_lanes = i % 4 == 3 ? 1 : 0;
+    const BatchDecision d = p.decide(v);
+    CHECK(d.count == q.size());
+    if (v.idle_lanes > 0) q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(d.count));
+  }
+  CHECK(p.rate_rps(clock.now()) == Approx(200.0).epsilon(0.02));
+}
+
 TEST_CASE("AdaptiveWindow: a change of load is caught within a hundred arrivals", "[adaptive]") {
   ManualClock clock;
   const AdaptiveWindow p(config());

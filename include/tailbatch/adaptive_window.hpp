@@ -237,14 +237,15 @@ class AdaptiveState {
     if (planned_ && n >= backlog_factor * target) {
       const std::size_t all = std::min(n, cap_);
       if (cost(all) * static_cast<double>(target) < 0.8 * cost(target) * static_cast<double>(all)) {
-        return close(all, DispatchReason::size, all == cap_ ? AdaptiveCloseReason::max_batch : AdaptiveCloseReason::backlog);
+        return close(v, all, DispatchReason::size,
+                     all == cap_ ? AdaptiveCloseReason::max_batch : AdaptiveCloseReason::backlog);
       }
     }
     if (n >= target) {
-      return close(target, DispatchReason::size,
+      return close(v, target, DispatchReason::size,
                    target == cap_ ? AdaptiveCloseReason::max_batch : AdaptiveCloseReason::target_size);
     }
-    if (v.flush) return close(n, DispatchReason::flush, AdaptiveCloseReason::flush);
+    if (v.flush) return close(v, n, DispatchReason::flush, AdaptiveCloseReason::flush);
     const BatchTime oldest = window_start(v.candidates);
     const BatchTime window_end = saturating_add(oldest, window);
     // The latest the oldest request may start: its SLO less the cost of the batch it
@@ -252,8 +253,8 @@ class AdaptiveState {
     const BatchDuration slo = slo_p99_ > BatchDuration::zero() ? std::min(slo_p95_, slo_p99_) : slo_p95_;
     const BatchDuration hold_max = slo - to_duration(cost(target)) - slo / 10;
     const BatchTime guard = saturating_add(oldest, std::max(hold_max, BatchDuration::zero()));
-    if (v.now >= guard) return close(n, DispatchReason::deadline, AdaptiveCloseReason::slo_guard);
-    if (v.now >= window_end) return close(n, DispatchReason::window, AdaptiveCloseReason::window);
+    if (v.now >= guard) return close(v, n, DispatchReason::deadline, AdaptiveCloseReason::slo_guard);
+    if (v.now >= window_end) return close(v, n, DispatchReason::window, AdaptiveCloseReason::window);
     return BatchDecision::wait(std::min(window_end, guard), target);
   }
 
@@ -335,9 +336,16 @@ class AdaptiveState {
     return std::chrono::duration_cast<BatchDuration>(std::chrono::duration<double>(s));
   }
 
-  BatchDecision close(std::size_t count, DispatchReason why, AdaptiveCloseReason reason) noexcept {
-    if (Counter* c = m_.closes[static_cast<std::size_t>(reason)]) c->inc();
-    dispatched_ += count;
+  // A dispatch decided on a view with no idle lane is not acted on at once: the Pipeline
+  // leaves the requests queued (the batch may grow) and asks again when a lane frees, so
+  // they are shown again. Only a dispatch with a lane to run it is counted (as taken off
+  // the queue, and as a close); counting the others too would count their requests as
+  // arrivals once per view that shows them.
+  BatchDecision close(const BatchView& v, std::size_t count, DispatchReason why, AdaptiveCloseReason reason) noexcept {
+    if (v.idle_lanes > 0) {
+      if (Counter* c = m_.closes[static_cast<std::size_t>(reason)]) c->inc();
+      dispatched_ += count;
+    }
     return BatchDecision::dispatch(count, why);
   }
 

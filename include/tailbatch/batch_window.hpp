@@ -98,6 +98,9 @@ struct BatchView {
   bool flush = false;
   // Lane slots free to run a batch at this moment, and lane slots in all. A policy may
   // close early when a slot is idle and waiting would not pay, or wait while none is.
+  // A view may show 0 idle lanes: the Pipeline asks before it leases a slot. A dispatch
+  // decided on such a view is not acted on then: the requests stay queued (the batch may
+  // grow) and the policy is asked again when a slot frees.
   std::size_t idle_lanes = 1;
   std::size_t lanes = 1;
 };

@@ -1086,9 +1086,12 @@ class Pipeline {
         lease.reset();
         return Lead::finished;
       }
-      const Round round = former_.decide(now, closing, idle_lane_slots(lease.has_value()), dead_sink());
+      // A dispatch decided on a view with no idle slot is not acted on at once (the policy
+      // is asked again once a slot is held), so that a policy may count what it dispatches.
+      const std::size_t idle = idle_lane_slots(lease.has_value());
+      const Round round = former_.decide(now, closing, idle, dead_sink());
       if (round.bucket != npos) {
-        if (!lease) lease = lanes_->try_acquire();
+        if (!lease && idle > 0) lease = lanes_->try_acquire();
         if (lease) {
           form(b, round, now);
           publish_dequeued();
@@ -1259,7 +1262,8 @@ class Pipeline {
       return std::min(total_slots_, static_cast<std::size_t>(lanes_->free_slots_approx()) + (holding ? 1 : 0));
     } else {
       const std::size_t running = running_batches_.load(std::memory_order_relaxed);
-      return total_slots_ > running ? total_slots_ - running : 0;
+      // A held slot is idle even while the batch that left it is still counted as running.
+      return std::max<std::size_t>(holding ? 1 : 0, total_slots_ > running ? total_slots_ - running : 0);
     }
   }
 

@@ -244,6 +244,10 @@ namespace {
 struct Recorded {
   std::uint64_t views = 0, bad_lane_views = 0, feedbacks = 0, bad_feedbacks = 0, requests = 0;
   std::size_t min_idle = 1000, max_idle = 0;
+  // The idle lanes in the view of the latest dispatch decision, and the batches executed
+  // on a decision taken with no lane idle.
+  std::size_t dispatch_idle = 0;
+  std::uint64_t started_without_idle_lane = 0;
 };
 
 class RecordingPolicy {
@@ -256,11 +260,14 @@ class RecordingPolicy {
     if (v.lanes != lanes_ || v.idle_lanes > v.lanes) ++rec_->bad_lane_views;
     rec_->min_idle = std::min(rec_->min_idle, v.idle_lanes);
     rec_->max_idle = std::max(rec_->max_idle, v.idle_lanes);
-    return inner_.decide(v);
+    const tailbatch::BatchDecision d = inner_.decide(v);
+    if (d.count > 0) rec_->dispatch_idle = v.idle_lanes;
+    return d;
   }
   void on_batch_executed(const tailbatch::BatchFeedback& f) const noexcept {
     ++rec_->feedbacks;
     rec_->requests += f.size;
+    if (rec_->dispatch_idle < 1) ++rec_->started_without_idle_lane;
     if (f.model_time != LinearCost{20ms, 3ms}(f.padded_size) || f.size < 1 || f.padded_size < f.size ||
         f.lane >= lanes_ || f.failed)
       ++rec_->bad_feedbacks;
@@ -283,8 +290,12 @@ TEST_CASE("Views carry the simulated lanes' state; a learning policy hears of ev
   const auto r = tailbatch::simulate(c, RecordingPolicy(3, rec));
   CHECK(rec->views > 0);
   CHECK(rec->bad_lane_views == 0);
-  CHECK(rec->min_idle >= 1);  // it decides when a lane can take the batch
-  CHECK(rec->max_idle == 3);  // and sees all three idle at times
+  // The policy is asked before a lane is leased, so it sees the lanes all busy at times
+  // (a dispatch then leaves the batch queued, growing) and all three idle at others; a
+  // batch starts only on a decision taken while a lane was idle.
+  CHECK(rec->min_idle == 0);
+  CHECK(rec->max_idle == 3);
+  CHECK(rec->started_without_idle_lane == 0);
   CHECK(rec->feedbacks == r.batches);
   CHECK(rec->bad_feedbacks == 0);
   CHECK(rec->requests == r.arrivals + r.warmup_arrivals);
