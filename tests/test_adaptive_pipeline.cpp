@@ -9,7 +9,10 @@
 #include <tailbatch/adaptive_window.hpp>
 #include <tailbatch/pipeline.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <chrono>
 #include <cstdint>
 #include <future>
@@ -27,10 +30,17 @@ using Catch::Detail::Approx;
 using namespace std::chrono_literals;
 
 TEST_CASE("AdaptiveWindow behind a Pipeline converges to the cost of a sleeping model", "[adaptive][pipeline][threads]") {
-  auto true_cost = [](std::size_t b) { return 10ms + 1ms * static_cast<std::int64_t>(b); };
+  auto nominal_cost = [](std::size_t b) { return 10ms + 1ms * static_cast<std::int64_t>(b); };
+  // The true cost is what the sleeps really took (a loaded machine oversleeps), per size.
+  std::mutex taken_mu;
+  std::map<std::size_t, std::vector<double>> taken;
   auto model = [&](std::span<const int> in, std::span<int> out, tailbatch::HostLane&) {
-    std::this_thread::sleep_for(true_cost(in.size()));
+    const auto t0 = std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(nominal_cost(in.size()));
     for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i];
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard lock(taken_mu);
+    taken[in.size()].push_back(took);
   };
   tailbatch::AdaptiveWindowConfig c;
   c.slo_p95 = 200ms;
@@ -59,8 +69,16 @@ TEST_CASE("AdaptiveWindow behind a Pipeline converges to the cost of a sleeping 
   const tailbatch::AdaptiveCostModel m = policy.cost_model();
   CHECK(m.samples == pipeline.stats().batches());
   CHECK(m.sizes_seen >= 2);
-  for (std::size_t b : {1u, 4u, 8u, 16u}) {
-    INFO("size " << b);
-    CHECK(policy.estimate_seconds(b) == Approx(std::chrono::duration<double>(true_cost(b)).count()).epsilon(0.1));
+  // Every size seen often enough to have a typical cost: the model's estimate is within
+  // 10 % of the median time the model really took at that size.
+  std::size_t checked = 0;
+  for (auto& [b, times] : taken) {
+    if (times.size() < 5) continue;
+    std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
+    const double median = times[times.size() / 2];
+    INFO("size " << b << ", " << times.size() << " batches, median " << median << " s");
+    CHECK(policy.estimate_seconds(b) == Approx(median).epsilon(0.1));
+    ++checked;
   }
+  CHECK(checked >= 1);
 }
