@@ -506,7 +506,7 @@ class ContinuousBatcher {
                                            metrics_.streams_ptr());
     submitted_.fetch_add(1, std::memory_order_relaxed);
     const time_point now = clock_.now();
-    const time_point arrival = options.arrival ? std::min<time_point>(*options.arrival, now) : now;
+    const time_point arrival = options.arrival != BatchTime::min() ? std::min<time_point>(options.arrival, now) : now;
     const std::size_t reserve = request.prompt.size() + request.max_new_tokens;
     if (options.timeout < std::chrono::nanoseconds::zero()) {
       complete(*stream, Status::deadline_exceeded,

@@ -749,8 +749,8 @@ class Pipeline {
     // The arrival: the caller's, carried as it is (no earlier than the clock's origin, no
     // later than a clock reading taken now), else the submit time.
     BatchTime arrival = now;
-    if (options.arrival) {
-      arrival = std::max(*options.arrival, BatchTime{});
+    if (options.arrival != BatchTime::min()) {
+      arrival = std::max(options.arrival, BatchTime{});
       if (!detail::stamp_is_cycles(now)) arrival = std::min(arrival, now);
     }
     BatchTime deadline = options.deadline;

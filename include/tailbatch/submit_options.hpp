@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <string_view>
 
 #include <tailbatch/outcome.hpp>
@@ -56,9 +55,9 @@ struct SubmitOptions {
   // When the request reached the server (a time of the front door's clock), if earlier
   // than the submit: the queue wait, the end-to-end latency, the batch window's opening
   // and the timeout count from it, so that time spent before submit (an accept queue, a
-  // parser) shows in the metrics. Unset: the time of the submit. A time later than the
-  // submit counts as the submit.
-  std::optional<BatchTime> arrival{};
+  // parser) shows in the metrics. BatchTime::min() (the default): unset, the time of the
+  // submit. A time later than the submit counts as the submit.
+  BatchTime arrival = BatchTime::min();
   Priority priority = Priority::normal;
   // Stopping its source cancels the request: a queued request is removed and completes
   // with Status::cancelled; an executing one has its result discarded (Pipeline) or is
