@@ -84,15 +84,7 @@ void drive_arrivals(const AdaptiveWindow& p, ManualClock& clock, std::size_t cou
   }
 }
 
-template <class F>
-std::string invalid_argument_message(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "no exception";
-}
+using tailbatch::test::invalid_argument_message;
 
 const LinearCost example1_cost{20ms, 3ms};
 

@@ -34,15 +34,7 @@ inline auto ContainsSubstring(const std::string& s) { return Catch::Matchers::Co
 
 namespace {
 
-template <class F>
-std::string invalid_argument_message(F&& fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
+using tailbatch::test::invalid_argument_message;
 #define CHECK_INVALID(stmt, text) \
   CHECK_THAT(invalid_argument_message([&] { stmt; }), ContainsSubstring(text))
 

@@ -27,15 +27,7 @@ BatchView view(const std::vector<BatchCandidate>& c, BatchTime now, bool flush =
   return BatchView{std::span<const BatchCandidate>(c), c.size(), now, flush};
 }
 
-template <class F>
-std::string invalid_argument_message(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "no exception";
-}
+using tailbatch::test::invalid_argument_message;
 
 }  // namespace
 

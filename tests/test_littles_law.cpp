@@ -21,16 +21,7 @@ using tailbatch::MetricsRegistry;
 
 namespace {
 
-// The message of the std::invalid_argument f throws, or "<no exception>".
-template <class F>
-std::string invalid_argument_message(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "<no exception>";
-}
+using tailbatch::test::invalid_argument_message;
 
 bool contains(std::string_view haystack, std::string_view needle) {
   return haystack.find(needle) != std::string_view::npos;

@@ -42,15 +42,7 @@ bool ready(const std::future<T>& f) {
 
 const BatchTime t0 = ManualClock::start();
 
-template <class F>
-std::string invalid_argument_message(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "no exception";
-}
+using tailbatch::test::invalid_argument_message;
 
 }  // namespace
 

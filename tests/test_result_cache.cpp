@@ -60,15 +60,7 @@ ManualCache::Config one_shard(std::size_t entries) {
   return c;
 }
 
-template <class F>
-std::string invalid_argument_message(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "no exception";
-}
+using tailbatch::test::invalid_argument_message;
 
 }  // namespace
 

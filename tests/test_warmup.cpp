@@ -42,15 +42,7 @@ struct Seen {
   }
 };
 
-template <class F>
-std::string invalid_argument_message(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "no exception";
-}
+using tailbatch::test::invalid_argument_message;
 
 const std::vector<int> samples = {1, 2, 3};
 

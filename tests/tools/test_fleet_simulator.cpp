@@ -47,15 +47,7 @@ FleetConfig example1(double rps, std::chrono::nanoseconds length, std::size_t re
 
 const FixedWindow batching(16, 8ms);
 
-template <class F>
-std::string invalid_argument_message(F&& fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
+using tailbatch::test::invalid_argument_message;
 #define CHECK_INVALID(stmt, text) CHECK_THAT(invalid_argument_message([&] { stmt; }), ContainsSubstring(text))
 
 }  // namespace

@@ -23,16 +23,7 @@ inline auto ContainsSubstring(const std::string& s) { return Catch::Matchers::Co
 
 namespace {
 
-// The message of the std::invalid_argument that fn throws, or "" if it throws none.
-template <class F>
-std::string invalid_argument_message(F&& fn) {
-  try {
-    (void)fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
+using tailbatch::test::invalid_argument_message;
 #define CHECK_INVALID(expr, text) \
   CHECK_THAT(invalid_argument_message([&] { return expr; }), ContainsSubstring(text))
 
