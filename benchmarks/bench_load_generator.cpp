@@ -34,7 +34,7 @@ void BM_LoadGenerator_PerRequest(benchmark::State& state) {
   std::uint64_t n = 0;
   for (auto _ : state) {
     tailbatch::ManualClock clock;
-    tailbatch::LoadOptions o;
+    tailbatch::LoadConfig o;
     o.profile = tailbatch::LoadProfile::poisson(kRate, 1s);
     auto target = [](std::uint64_t, tailbatch::LoadCompletion done) { done(tailbatch::Status::ok); };
     const tailbatch::LoadResult r = tailbatch::run_load(o, target, clock);

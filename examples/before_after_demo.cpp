@@ -179,7 +179,7 @@ void run_setup(Setup& setup, const std::vector<double>& rates, const ClassifierM
 
   // One measured step at rates[i]; `attempt` > 0 marks a confirmation run.
   auto measure = [&](std::size_t i, int attempt) {
-    tailbatch::LoadOptions o;
+    tailbatch::LoadConfig o;
     o.profile = tailbatch::LoadProfile::poisson(rates[i], step);
     o.warmup = warmup;
     o.seed = 1000 + i + 100 * static_cast<std::uint64_t>(attempt);  // the same arrivals for both setups

@@ -368,13 +368,13 @@ TEST_CASE("registering the same (name, labels) returns the same metric", "[metri
   c1.inc();
   CHECK(contains(r.prometheus(), "# HELP x_total first help\n"));
 
-  tailbatch::HistogramOptions precise;
+  tailbatch::HistogramConfig precise;
   precise.significant_digits = 3;
   const auto msg =
       invalid_argument_message([&] { (void)r.histogram("z_seconds", "h", {}, precise); });
   INFO(msg);
   CHECK(contains(msg, "z_seconds"));
-  CHECK(contains(msg, "different HistogramOptions"));
+  CHECK(contains(msg, "different HistogramConfig"));
   auto& p1 = r.histogram("p_seconds", "h", {}, precise);
   auto& p2 = r.histogram("p_seconds", "h", {}, precise);
   CHECK(&p1 == &p2);
@@ -460,7 +460,7 @@ TEST_CASE("invalid names, labels and help are rejected and change nothing", "[me
        "reserved for the quantiles"},
       {[&] { (void)r.gauge_callback("cb", "h", {}, {}); }, "fn is empty"},
       {[&] {
-         tailbatch::HistogramOptions bad;
+         tailbatch::HistogramConfig bad;
          bad.significant_digits = 0;
          (void)r.histogram("bad_seconds", "h", {}, bad);
        },

@@ -656,7 +656,7 @@ Server::Server(const Options& o)
     : opt_(o),
       classifier_(classifier_config()),
       classifier_model_(classifier_),
-      prompt_tokenizer_(ref::TokenizerOptions{ref::GeneratorConfig{}.vocab_size, 256}),
+      prompt_tokenizer_(ref::TokenizerConfig{ref::GeneratorConfig{}.vocab_size, 256}),
       lanes_(o.lanes),
       limiter_(make_limiter(o, registry_)),
       admission_(limiter_.get()),

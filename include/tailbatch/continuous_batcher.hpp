@@ -111,7 +111,7 @@ struct ContinuousBatcherConfig {
   // How long shutdown() lets active sequences finish before it cancels them. Must be >= 0.
   std::chrono::nanoseconds drain_timeout{std::chrono::seconds(10)};
   // Stream options for requests that do not bring their own.
-  StreamOptions stream{};
+  StreamConfig stream{};
   // The decode thread, started by the constructor. Unset: the default for the clock, 1
   // with SteadyClock, 0 with any other. 0: no thread, the caller drives poll(). At most 1
   // (std::invalid_argument "workers" otherwise). The decode thread only waits for work,
@@ -237,7 +237,7 @@ class ContinuousBatcher {
     // retired at the next step boundary with Status::deadline_exceeded (the tokens already
     // emitted stay delivered), and one still waiting is dropped. time_point::max(): none.
     time_point completion_deadline = time_point::max();
-    std::optional<StreamOptions> stream;  // default: the config's
+    std::optional<StreamConfig> stream;  // default: the config's
   };
 
   // One sequence as the step function sees it. Valid only during the step() call.
@@ -501,7 +501,7 @@ class ContinuousBatcher {
   };
 
   std::shared_ptr<Stream> submit_impl(Request request, const SubmitOptions& options, StreamCallbacks<Token> callbacks) {
-    const StreamOptions stream_options = request.stream ? *request.stream : config_.stream;
+    const StreamConfig stream_options = request.stream ? *request.stream : config_.stream;
     auto stream = std::make_shared<Stream>(stream_options, std::move(callbacks), clock_, options.cancel,
                                            metrics_.streams_ptr());
     submitted_.fetch_add(1, std::memory_order_relaxed);

@@ -171,7 +171,7 @@ class WindowedHistogram final : public detail::WindowedSource {
   // RollingHistogram, whose arguments these are). Allocates every slot. Throws
   // std::invalid_argument naming the bad field.
   explicit WindowedHistogram(std::chrono::nanoseconds window, int slots = 10,
-                             HistogramOptions options = {}, C clock = C{})
+                             HistogramConfig options = {}, C clock = C{})
       : rolling_(window, slots, options, std::move(clock)), requested_window_(window) {}
 
   // Records one value into the window and the totals (a negative or NaN duration counts
@@ -209,7 +209,7 @@ class WindowedHistogram final : public detail::WindowedSource {
   // Number of slots. Thread-safe.
   [[nodiscard]] int slots() const noexcept { return rolling_.slots(); }
   // The options of every slot. Thread-safe.
-  [[nodiscard]] const HistogramOptions& options() const noexcept { return rolling_.options(); }
+  [[nodiscard]] const HistogramConfig& config() const noexcept { return rolling_.config(); }
 
  private:
   HistogramSnapshot window_snapshot() const override { return snapshot(); }
@@ -372,8 +372,8 @@ struct MetricsState {
 #endif
 }
 
-[[nodiscard]] inline bool same_histogram_options(const HistogramOptions& a,
-                                                 const HistogramOptions& b) noexcept {
+[[nodiscard]] inline bool same_histogram_options(const HistogramConfig& a,
+                                                 const HistogramConfig& b) noexcept {
   return a.lowest == b.lowest && a.highest == b.highest &&
          a.significant_digits == b.significant_digits;
 }
@@ -458,7 +458,7 @@ class MetricsRegistry {
   // as a windowed histogram, or when options are invalid (from LatencyHistogram).
   // Otherwise as counter(). Thread-safe.
   LatencyHistogram& histogram(std::string_view name, std::string_view help, Labels labels = {},
-                              HistogramOptions options = {}) {
+                              HistogramConfig options = {}) {
     auto prepared = prepare(detail::MetricKind::summary, name, help, std::move(labels));
     {
       std::unique_lock lock(state_->mutex);
@@ -488,7 +488,7 @@ class MetricsRegistry {
   template <Clock C = SteadyClock>
   WindowedHistogram<C>& windowed_histogram(std::string_view name, std::string_view help,
                                            Labels labels, std::chrono::nanoseconds window,
-                                           int slots = 10, HistogramOptions options = {},
+                                           int slots = 10, HistogramConfig options = {},
                                            C clock = C{}) {
     auto prepared = prepare(detail::MetricKind::summary, name, help, std::move(labels));
     const auto existing = [&](detail::MetricSeries& s) -> WindowedHistogram<C>& {
@@ -500,9 +500,9 @@ class MetricsRegistry {
       }
       auto& w = static_cast<WindowedHistogram<C>&>(*s.windowed);
       if (w.window() != window || w.slots() != slots ||
-          !detail::same_histogram_options(w.options(), options)) {
+          !detail::same_histogram_options(w.config(), options)) {
         fail(name, prepared.key,
-             "is already registered with a different window, slot count or HistogramOptions");
+             "is already registered with a different window, slot count or HistogramConfig");
       }
       return w;
     };
@@ -816,10 +816,10 @@ class MetricsRegistry {
 
   static LatencyHistogram& existing_histogram(detail::MetricSeries& s, std::string_view name,
                                               const std::string& key,
-                                              const HistogramOptions& options) {
+                                              const HistogramConfig& options) {
     if (!s.histogram) fail(name, key, "is already registered as a windowed histogram");
-    if (!detail::same_histogram_options(s.histogram->options(), options)) {
-      fail(name, key, "is already registered with different HistogramOptions");
+    if (!detail::same_histogram_options(s.histogram->config(), options)) {
+      fail(name, key, "is already registered with different HistogramConfig");
     }
     return *s.histogram;
   }

@@ -12,7 +12,7 @@
 //   // tailbatch_ready 1 once every warmup request completed ok; /readyz reads ready.
 //
 // Sizes: every preferred size of a PreferredSizes policy; otherwise the powers of two up
-// to max_batch, and max_batch itself (or WarmupOptions::sizes). For each size, warmup
+// to max_batch, and max_batch itself (or WarmupConfig::sizes). For each size, warmup
 // submits `size` requests (copies of the samples, in turn) as one batch per lane, and
 // waits for them before the next size. The batches go through the Pipeline like any
 // others: they are counted in its stats and metrics, and a policy that learns from
@@ -98,7 +98,7 @@ class Readiness {
 };
 
 // How warmup() runs.
-struct WarmupOptions {
+struct WarmupConfig {
   // The batch sizes to run, each in [1, max_batch]. Empty: warmup_sizes(policy).
   std::vector<std::size_t> sizes{};
   // Batches of each size per lane.
@@ -185,7 +185,7 @@ struct WarmupTally {
 // at a time.
 template <class P>
   requires std::copy_constructible<typename P::Request>
-WarmupReport warmup(P& pipeline, std::span<const typename P::Request> samples, WarmupOptions options = {}) {
+WarmupReport warmup(P& pipeline, std::span<const typename P::Request> samples, WarmupConfig options = {}) {
   using Req = typename P::Request;
   using Resp = typename P::Response;
   using PipelineClock = std::decay_t<decltype(pipeline.clock())>;

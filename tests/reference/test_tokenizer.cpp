@@ -15,7 +15,7 @@
 using tailbatch::reference::fnv1a64;
 using tailbatch::reference::sentiment_lexicon;
 using tailbatch::reference::Tokenizer;
-using tailbatch::reference::TokenizerOptions;
+using tailbatch::reference::TokenizerConfig;
 
 namespace {
 bool contains(const std::string& haystack, std::string_view needle) {
@@ -30,7 +30,7 @@ TEST_CASE("fnv1a64 matches the published FNV-1a 64-bit test vectors") {
 }
 
 TEST_CASE("unreserved words hash into the whole vocabulary") {
-  const Tokenizer tok(TokenizerOptions{.vocab_size = 1000, .max_tokens = 16});
+  const Tokenizer tok(TokenizerConfig{.vocab_size = 1000, .max_tokens = 16});
   CHECK(tok.reserved_count() == 0);
   CHECK(tok.id_of("film") == fnv1a64("film") % 1000);
   CHECK(tok.tokenize("film") == std::vector<std::uint32_t>{tok.id_of("film")});
@@ -51,7 +51,7 @@ TEST_CASE("text splits on whitespace and punctuation and is lowercased") {
 
 TEST_CASE("reserved words get ids 0..n-1, case-insensitively, and others hash above them") {
   const std::vector<std::string_view> reserved = {"great", "awful", "meh"};
-  const Tokenizer tok(TokenizerOptions{.vocab_size = 100, .max_tokens = 8}, reserved);
+  const Tokenizer tok(TokenizerConfig{.vocab_size = 100, .max_tokens = 8}, reserved);
   CHECK(tok.reserved_count() == 3);
   CHECK(tok.tokenize("Great awful MEH") == std::vector<std::uint32_t>{0, 1, 2});
   CHECK(tok.id_of("greatest") == 3 + fnv1a64("greatest") % 97);
@@ -63,7 +63,7 @@ TEST_CASE("reserved words get ids 0..n-1, case-insensitively, and others hash ab
 }
 
 TEST_CASE("tokenize appends, returns the count, and stops at max_tokens") {
-  const Tokenizer tok(TokenizerOptions{.vocab_size = 512, .max_tokens = 5});
+  const Tokenizer tok(TokenizerConfig{.vocab_size = 512, .max_tokens = 5});
   std::vector<std::uint32_t> ids = {7};
   CHECK(tok.tokenize("one two three", ids) == 3);
   CHECK(ids.size() == 4);
@@ -96,16 +96,16 @@ TEST_CASE("bad options and reserved words throw std::invalid_argument naming the
     }
     return "no exception";
   };
-  CHECK(contains(message([] { Tokenizer t(TokenizerOptions{.vocab_size = 10, .max_tokens = 0}); }),
+  CHECK(contains(message([] { Tokenizer t(TokenizerConfig{.vocab_size = 10, .max_tokens = 0}); }),
                  "max_tokens"));
-  CHECK(contains(message([&] { Tokenizer t(TokenizerOptions{.vocab_size = 2, .max_tokens = 4}, two); }),
+  CHECK(contains(message([&] { Tokenizer t(TokenizerConfig{.vocab_size = 2, .max_tokens = 4}, two); }),
                  "vocab_size"));
   const std::vector<std::string_view> dup = {"a", "b", "a"};
-  CHECK(contains(message([&] { Tokenizer t(TokenizerOptions{}, dup); }), "twice"));
+  CHECK(contains(message([&] { Tokenizer t(TokenizerConfig{}, dup); }), "twice"));
   const std::vector<std::string_view> upper = {"Great"};
-  CHECK(contains(message([&] { Tokenizer t(TokenizerOptions{}, upper); }), "single lowercase word"));
+  CHECK(contains(message([&] { Tokenizer t(TokenizerConfig{}, upper); }), "single lowercase word"));
   const std::vector<std::string_view> phrase = {"so good"};
-  CHECK(contains(message([&] { Tokenizer t(TokenizerOptions{}, phrase); }), "single lowercase word"));
+  CHECK(contains(message([&] { Tokenizer t(TokenizerConfig{}, phrase); }), "single lowercase word"));
 }
 
 TEST_CASE("the shipped lexicon is well formed") {
@@ -124,6 +124,6 @@ TEST_CASE("the shipped lexicon is well formed") {
   // Every entry is one lowercase word: the tokenizer accepts them all as reserved words.
   std::vector<std::string_view> words;
   for (const auto& e : sentiment_lexicon) words.push_back(e.word);
-  const Tokenizer tok(TokenizerOptions{}, words);
+  const Tokenizer tok(TokenizerConfig{}, words);
   for (std::uint32_t i = 0; i < words.size(); ++i) CHECK(tok.tokenize(words[i]) == std::vector<std::uint32_t>{i});
 }

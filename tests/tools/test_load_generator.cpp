@@ -21,7 +21,7 @@
 using namespace std::chrono_literals;
 using tailbatch::ArrivalProcess;
 using tailbatch::ArrivalSchedule;
-using tailbatch::LoadOptions;
+using tailbatch::LoadConfig;
 using tailbatch::LoadProfile;
 using tailbatch::ManualClock;
 using tailbatch::Status;
@@ -114,7 +114,7 @@ TEST_CASE("Coordinated omission: a stall inflates the requests that should have 
     service_ms.push_back(ms(clock.now() - t0));
     return Status::ok;
   };
-  LoadOptions o;
+  LoadConfig o;
   o.profile = LoadProfile::constant(100.0, 1s);
   auto r = tailbatch::run_load(o, target, clock);
   REQUIRE(r.ok == 100);
@@ -138,7 +138,7 @@ TEST_CASE("Warm-up requests are sent but not counted", "[load]") {
     clock.advance(clock.now() - start < 1s ? 10ms : 2ms);
     return true;
   };
-  LoadOptions o;
+  LoadConfig o;
   o.profile = LoadProfile::constant(50.0, 2s);
   o.warmup = 1s;
   auto r = tailbatch::run_load(o, target, clock);
@@ -162,7 +162,7 @@ TEST_CASE("Async targets: statuses, error rate and the timeline", "[load]") {
     else if (i % 25 == 24) done(false);
     else done(Status::ok);
   };
-  LoadOptions o;
+  LoadConfig o;
   o.profile = LoadProfile::steps(ArrivalProcess::constant, {{1s, 100.0}, {1s, 200.0}});
   o.timeline_interval = 500ms;
   auto r = tailbatch::run_load(o, target, clock);
@@ -183,7 +183,7 @@ TEST_CASE("Bounds: max_requests, max_outstanding and the drain timeout", "[load]
   std::vector<tailbatch::LoadCompletion> held;
   auto never = [&](std::uint64_t, tailbatch::LoadCompletion done) { held.push_back(done); };
 
-  LoadOptions o;
+  LoadConfig o;
   o.profile = LoadProfile::constant(1000.0, 1s);
   o.max_requests = 120;
   o.max_outstanding = 100;
@@ -203,7 +203,7 @@ TEST_CASE("Bounds: max_requests, max_outstanding and the drain timeout", "[load]
 
 TEST_CASE("A target that throws counts as failed", "[load]") {
   ManualClock clock;
-  LoadOptions o;
+  LoadConfig o;
   o.profile = LoadProfile::constant(100.0, 100ms);
   auto sync_throw = [](std::uint64_t) -> Status { throw std::runtime_error("model fell over"); };
   auto r = tailbatch::run_load(o, sync_throw, clock);
@@ -222,7 +222,7 @@ TEST_CASE("Saturation on a synthetic single server with known capacity (virtual 
     clock.advance(5ms);
     return Status::ok;
   };
-  tailbatch::SweepOptions s;
+  tailbatch::SweepConfig s;
   s.rates = {50, 100, 150, 190, 250, 300};
   s.process = ArrivalProcess::constant;
   s.step_duration = 2s;
@@ -262,7 +262,7 @@ TEST_CASE("Saturation by error rate: a target that sheds load past its capacity"
     }
     done(++admitted <= 100 ? Status::ok : Status::rejected);
   };
-  tailbatch::SweepOptions s;
+  tailbatch::SweepConfig s;
   s.rates = {50, 99, 120, 200};
   s.process = ArrivalProcess::constant;
   s.step_duration = 3s;
@@ -291,7 +291,7 @@ TEST_CASE("Steady clock: worker threads, progress lines and a real saturation po
     return Status::ok;
   };
   std::ostringstream progress;
-  tailbatch::SweepOptions s;
+  tailbatch::SweepConfig s;
   s.rates = {40, 80, 600};
   s.process = ArrivalProcess::constant;
   s.step_duration = 700ms;
@@ -344,7 +344,7 @@ TEST_CASE("Asynchronous completion from another thread", "[load][threads]") {
     }
     cv.notify_one();
   };
-  LoadOptions o;
+  LoadConfig o;
   o.profile = LoadProfile::poisson(100.0, 500ms);
   o.drain_timeout = 5s;
   auto r = tailbatch::run_load(o, target);
@@ -362,7 +362,7 @@ TEST_CASE("Asynchronous completion from another thread", "[load][threads]") {
 
 TEST_CASE("Bad options throw std::invalid_argument naming the field", "[load]") {
   auto noop = [](std::uint64_t) { return Status::ok; };
-  LoadOptions o;
+  LoadConfig o;
   o.profile = LoadProfile::constant(10.0, 1s);
   o.warmup = 1s;
   CHECK_THROWS_AS(tailbatch::run_load(o, noop, ManualClock{}), std::invalid_argument);
@@ -372,7 +372,7 @@ TEST_CASE("Bad options throw std::invalid_argument naming the field", "[load]") 
   CHECK_THROWS_AS(LoadProfile::poisson(-1.0, 1s), std::invalid_argument);
   CHECK_THROWS_AS(LoadProfile::poisson(1.0, 0s), std::invalid_argument);
   CHECK_THROWS_AS(LoadProfile::steps(ArrivalProcess::constant, {}), std::invalid_argument);
-  tailbatch::SweepOptions s;
+  tailbatch::SweepConfig s;
   CHECK_THROWS_AS(tailbatch::run_sweep(s, noop, ManualClock{}), std::invalid_argument);  // no rates
   s.rates = {10};
   s.step_duration = 1s;
@@ -388,7 +388,7 @@ TEST_CASE("Reports: a result summary and a p95-over-time plot", "[load]") {
     clock.advance(1ms);
     return Status::ok;
   };
-  LoadOptions o;
+  LoadConfig o;
   o.profile = LoadProfile::spike(ArrivalProcess::constant, 100.0, 1500.0, 1s, 1s, 1s);
   o.warmup = 500ms;
   auto r = tailbatch::run_load(o, target, clock);
@@ -417,7 +417,7 @@ TEST_CASE("pipeline_target: a real Pipeline under open-loop load", "[load][threa
         for (std::size_t i = 0; i < in.size(); ++i) out[i].id = in[i].id;
       },
       tailbatch::FixedWindow(8, 2ms), {}, lanes);
-  LoadOptions o;
+  LoadConfig o;
   o.profile = LoadProfile::poisson(400.0, 600ms);
   o.warmup = 100ms;
   o.drain_timeout = 5s;

@@ -274,7 +274,7 @@ class HttpClient {
   // Runs on the I/O thread only; so do all the following.
   void reset_counts() {
     counts_ = HttpCounts{};
-    tailbatch::HistogramOptions ho;
+    tailbatch::HistogramConfig ho;
     from_send_.emplace(ho);
     dispatch_lag_.emplace(ho);
     write_lag_.emplace(ho);
@@ -617,7 +617,7 @@ inline std::string http_table_row(double offered, const HttpCounts& c, std::opti
   auto target = client.target();
   const auto process = o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant : tailbatch::ArrivalProcess::poisson;
   auto from_s = [](double s) { return duration_cast<nanoseconds>(duration<double>(s)); };
-  tailbatch::LoadOptions base;
+  tailbatch::LoadConfig base;
   base.seed = o.seed;
   // Every request ends by its own timeout first, so run_load() never gives up on one.
   base.drain_timeout = t.timeout + seconds(2);
@@ -632,7 +632,7 @@ inline std::string http_table_row(double offered, const HttpCounts& c, std::opti
   std::filesystem::create_directories(o.out);
   std::vector<std::string> written;
 
-  auto one_run = [&](tailbatch::LoadOptions lo) {
+  auto one_run = [&](tailbatch::LoadConfig lo) {
     const auto before = read_batch_counters(client.url());
     // run_load() starts its clock a few microseconds later: the boundaries agree to that.
     client.measure_from(std::chrono::steady_clock::now() + lo.warmup);
@@ -655,7 +655,7 @@ inline std::string http_table_row(double offered, const HttpCounts& c, std::opti
     std::vector<std::optional<double>> batches;
     bool all_ok = true;
     for (std::size_t i = 0; i < rates.size(); ++i) {
-      tailbatch::LoadOptions lo = base;
+      tailbatch::LoadConfig lo = base;
       lo.profile = tailbatch::LoadProfile::steady(process, rates[i], from_s(o.duration_s));
       lo.warmup = from_s(o.warmup_s);
       lo.seed = o.seed + i;
@@ -699,7 +699,7 @@ inline std::string http_table_row(double offered, const HttpCounts& c, std::opti
     tailbatch::write_svg(over, tailbatch::latency_over_time_plot(shown.result, o.slo_p95_ms, title, sub));
     written.push_back(over);
   } else {
-    tailbatch::LoadOptions lo = base;
+    tailbatch::LoadConfig lo = base;
     lo.profile = o.steps ? *o.steps : tailbatch::LoadProfile::steady(process, o.rate, from_s(o.duration_s));
     lo.warmup = from_s(o.warmup_s) < lo.profile.duration() ? from_s(o.warmup_s) : nanoseconds(0);
     auto [r, c, mb] = one_run(lo);

@@ -380,7 +380,7 @@ int run(const Options& o, PipelineT& pipeline) {
   const auto process = o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant
                                                 : tailbatch::ArrivalProcess::poisson;
   auto target = tailbatch::pipeline_target(pipeline, [](std::uint64_t i) { return Request{i}; });
-  tailbatch::LoadOptions base;
+  tailbatch::LoadConfig base;
   base.warmup = from_s(o.warmup_s);
   base.seed = o.seed;
   base.drain_timeout = seconds(10);
@@ -408,7 +408,7 @@ int run(const Options& o, PipelineT& pipeline) {
     std::vector<double> rates = o.sweep;
     std::sort(rates.begin(), rates.end());
     for (std::size_t i = 0; i < rates.size(); ++i) {
-      tailbatch::LoadOptions one = base;
+      tailbatch::LoadConfig one = base;
       one.profile = tailbatch::LoadProfile::steady(process, rates[i], from_s(o.duration_s));
       one.seed = o.seed + i;
       one.label = fmt::format("load {:.0f} rps {}/{}", rates[i], i + 1, rates.size());
@@ -441,7 +441,7 @@ int run(const Options& o, PipelineT& pipeline) {
                                    subtitle(o)));
     written.push_back(over);
   } else {
-    tailbatch::LoadOptions one = base;
+    tailbatch::LoadConfig one = base;
     one.profile = o.steps.empty() ? tailbatch::LoadProfile::steady(process, o.rate, from_s(o.duration_s))
                                   : parse_steps(o.steps, process);
     if (one.warmup >= one.profile.duration()) one.warmup = nanoseconds(0);

@@ -260,7 +260,7 @@ class Classifier {
 
   explicit Classifier(ClassifierConfig config = {})
       : config_(validate(config)),
-        tokenizer_(TokenizerOptions{config_.vocab_size, detail::tokenizer_limit(config_.max_tokens)},
+        tokenizer_(TokenizerConfig{config_.vocab_size, detail::tokenizer_limit(config_.max_tokens)},
                    detail::lexicon_words()),
         kernel_(resolve(config_.cpu_kernel)) {
     generate_weights();

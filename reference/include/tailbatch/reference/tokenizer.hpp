@@ -42,7 +42,7 @@ namespace tailbatch::reference {
   return h;
 }
 
-struct TokenizerOptions {
+struct TokenizerConfig {
   // Number of distinct ids, reserved words included. Must exceed the number of reserved words.
   std::uint32_t vocab_size = 16384;
   // Ids produced per text at most; the rest of the text is ignored. Must be >= 1.
@@ -75,7 +75,7 @@ class Tokenizer {
  public:
   // Builds the reserved-word table (allocates). Each reserved word must be one word under
   // the rules above, in lowercase, and appear once; otherwise throws std::invalid_argument.
-  explicit Tokenizer(TokenizerOptions options = {}, std::span<const std::string_view> reserved = {})
+  explicit Tokenizer(TokenizerConfig options = {}, std::span<const std::string_view> reserved = {})
       : options_(options) {
     if (options_.max_tokens < 1) throw std::invalid_argument("Tokenizer: max_tokens must be >= 1");
     if (options_.vocab_size <= reserved.size()) {
@@ -154,7 +154,7 @@ class Tokenizer {
   }
 
   // The options given at construction. Thread-safe.
-  [[nodiscard]] const TokenizerOptions& options() const noexcept { return options_; }
+  [[nodiscard]] const TokenizerConfig& config() const noexcept { return options_; }
 
  private:
   struct Slot {
@@ -199,7 +199,7 @@ class Tokenizer {
     return static_cast<std::uint32_t>(n + h % (options_.vocab_size - n));
   }
 
-  TokenizerOptions options_;
+  TokenizerConfig options_;
   std::vector<std::string> reserved_;
   std::vector<Slot> slots_;  // open addressing on the word's hash; always at least half empty
 };

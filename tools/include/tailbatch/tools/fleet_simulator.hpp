@@ -129,7 +129,7 @@ struct FleetConfig {
   std::chrono::nanoseconds slo_p95{0};
   std::chrono::nanoseconds timeline_step = std::chrono::seconds(1);
   std::uint64_t max_requests = 50'000'000;
-  HistogramOptions histogram{};
+  HistogramConfig histogram{};
 };
 
 // One step of the timeline.

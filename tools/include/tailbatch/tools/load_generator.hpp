@@ -56,9 +56,9 @@
 
 namespace tailbatch {
 
-// A snapshot of a run in progress, handed to LoadOptions::progress.
+// A snapshot of a run in progress, handed to LoadConfig::progress.
 struct LoadProgress {
-  std::string_view label;                  // LoadOptions::label (a sweep names its step)
+  std::string_view label;                  // LoadConfig::label (a sweep names its step)
   std::chrono::nanoseconds elapsed{0};     // since the run started
   std::chrono::nanoseconds planned{0};     // the profile's length
   bool draining = false;                   // all sent; waiting for the last completions
@@ -94,7 +94,7 @@ using LoadProgressCallback = std::function<void(const LoadProgress&)>;
 
 // How a run is driven. A plain aggregate; run_load() validates it and throws
 // std::invalid_argument naming the field.
-struct LoadOptions {
+struct LoadConfig {
   LoadProfile profile = LoadProfile::poisson(100.0, std::chrono::seconds(10));
   // Requests intended before this offset are sent but not counted: caches, allocators and
   // adaptive limits settle first. Must be shorter than the profile.
@@ -122,7 +122,7 @@ struct LoadOptions {
   LoadProgressCallback progress{};
   std::chrono::nanoseconds progress_interval = std::chrono::seconds(1);
   std::string label = "load";
-  HistogramOptions histogram{};
+  HistogramConfig histogram{};
 };
 
 // One timeline bucket: the requests whose intended send time falls in it.
@@ -257,14 +257,14 @@ class LoadRunner {
                 "the load generator's clock must use std::chrono::steady_clock time points");
 
   struct Bucket {
-    explicit Bucket(const HistogramOptions& o) : hist(o) {}
+    explicit Bucket(const HistogramConfig& o) : hist(o) {}
     LatencyHistogram hist;
     std::uint64_t due = 0, ok = 0, errors = 0;
   };
 
   class State final : public detail::LoadRunStateBase {
    public:
-    State(C clock, const HistogramOptions& o) : clock_(std::move(clock)), latency(o), recent(o) {}
+    State(C clock, const HistogramConfig& o) : clock_(std::move(clock)), latency(o), recent(o) {}
 
     void complete(time_point intended, std::uint32_t bucket, bool measured, Status status) noexcept override {
       const time_point now = clock_.now();
@@ -313,7 +313,7 @@ class LoadRunner {
   };
 
  public:
-  LoadRunner(const LoadOptions& options, C clock) : options_(options), clock_(std::move(clock)) { validate(); }
+  LoadRunner(const LoadConfig& options, C clock) : options_(options), clock_(std::move(clock)) { validate(); }
 
   template <LoadTarget F>
   [[nodiscard]] LoadResult run(F& target) {
@@ -539,24 +539,24 @@ class LoadRunner {
  private:
   void validate() const {
     if (options_.warmup < std::chrono::nanoseconds::zero() || options_.warmup >= options_.profile.duration())
-      throw std::invalid_argument("LoadOptions: warmup must be >= 0 and shorter than the profile");
-    if (options_.max_requests < 1) throw std::invalid_argument("LoadOptions: max_requests must be >= 1");
+      throw std::invalid_argument("LoadConfig: warmup must be >= 0 and shorter than the profile");
+    if (options_.max_requests < 1) throw std::invalid_argument("LoadConfig: max_requests must be >= 1");
     if (options_.drain_timeout < std::chrono::nanoseconds::zero())
-      throw std::invalid_argument("LoadOptions: drain_timeout must be >= 0");
-    if (options_.workers > 1024) throw std::invalid_argument("LoadOptions: workers must be <= 1024");
-    if (options_.max_outstanding < 1) throw std::invalid_argument("LoadOptions: max_outstanding must be >= 1");
+      throw std::invalid_argument("LoadConfig: drain_timeout must be >= 0");
+    if (options_.workers > 1024) throw std::invalid_argument("LoadConfig: workers must be <= 1024");
+    if (options_.max_outstanding < 1) throw std::invalid_argument("LoadConfig: max_outstanding must be >= 1");
     if (options_.timeline_interval <= std::chrono::nanoseconds::zero())
-      throw std::invalid_argument("LoadOptions: timeline_interval must be > 0");
+      throw std::invalid_argument("LoadConfig: timeline_interval must be > 0");
     if (options_.progress && options_.progress_interval <= std::chrono::nanoseconds::zero())
-      throw std::invalid_argument("LoadOptions: progress_interval must be > 0");
+      throw std::invalid_argument("LoadConfig: progress_interval must be > 0");
   }
 
-  LoadOptions options_;
+  LoadConfig options_;
   C clock_;
 };
 
 // Runs one open-loop load test of `target` (an AsyncLoadTarget or SyncLoadTarget) and
-// returns what it measured. Blocks for the profile's length plus the drain (see LoadOptions).
+// returns what it measured. Blocks for the profile's length plus the drain (see LoadConfig).
 // On a ManualClock (any clock with advance_to) time is virtual: the generator advances the
 // clock to each send time instead of sleeping, so a test runs in microseconds and exactly
 // reproducibly (use an inline synchronous target, or an async one that completes inline).
@@ -564,7 +564,7 @@ class LoadRunner {
 // threads throws; exceptions from the target count as failed requests. Thread-safe if the
 // target is (several runs may share a target).
 template <LoadTarget F, Clock C = SteadyClock>
-[[nodiscard]] LoadResult run_load(const LoadOptions& options, F&& target, C clock = C{}) {
+[[nodiscard]] LoadResult run_load(const LoadConfig& options, F&& target, C clock = C{}) {
   LoadRunner<C> runner(options, std::move(clock));
   return runner.run(target);
 }
@@ -594,7 +594,7 @@ template <class P, class MakeRequest>
 }
 
 // How a sweep runs: each rate in turn, each for step_duration (warm-up included).
-struct SweepOptions {
+struct SweepConfig {
   std::vector<double> rates;  // offered rates, requests per second; run in ascending order
   ArrivalProcess process = ArrivalProcess::poisson;
   std::chrono::nanoseconds step_duration = std::chrono::seconds(5);
@@ -607,7 +607,7 @@ struct SweepOptions {
   std::chrono::nanoseconds pause{0};
   // Everything else (drain, workers, seed, progress, histogram). Its profile, warmup and
   // label are replaced per rate; the seed is offset by the step's index.
-  LoadOptions base{};
+  LoadConfig base{};
 };
 
 struct SweepPoint {
@@ -655,16 +655,16 @@ inline std::string sweep_verdict(const LoadResult& r, double slo_ms, double max_
 // against the SLO, and finds the saturation point. Blocks for the whole sweep. Allocates.
 // Throws std::invalid_argument naming a bad option. Thread-safe if the target is.
 template <LoadTarget F, Clock C = SteadyClock>
-[[nodiscard]] SweepResult run_sweep(const SweepOptions& options, F&& target, C clock = C{}) {
-  if (options.rates.empty()) throw std::invalid_argument("SweepOptions: rates must not be empty");
+[[nodiscard]] SweepResult run_sweep(const SweepConfig& options, F&& target, C clock = C{}) {
+  if (options.rates.empty()) throw std::invalid_argument("SweepConfig: rates must not be empty");
   for (double r : options.rates)
-    if (!(r > 0.0) || !std::isfinite(r)) throw std::invalid_argument("SweepOptions: rates must be > 0");
-  if (!(options.slo_p95_ms > 0.0)) throw std::invalid_argument("SweepOptions: slo_p95_ms must be > 0");
+    if (!(r > 0.0) || !std::isfinite(r)) throw std::invalid_argument("SweepConfig: rates must be > 0");
+  if (!(options.slo_p95_ms > 0.0)) throw std::invalid_argument("SweepConfig: slo_p95_ms must be > 0");
   if (!(options.max_error_rate > 0.0 && options.max_error_rate <= 1.0))
-    throw std::invalid_argument("SweepOptions: max_error_rate must be in (0, 1]");
-  if (options.stop_after_failures < 1) throw std::invalid_argument("SweepOptions: stop_after_failures must be >= 1");
+    throw std::invalid_argument("SweepConfig: max_error_rate must be in (0, 1]");
+  if (options.stop_after_failures < 1) throw std::invalid_argument("SweepConfig: stop_after_failures must be >= 1");
   if (options.step_duration <= options.warmup)
-    throw std::invalid_argument("SweepOptions: step_duration must be longer than warmup");
+    throw std::invalid_argument("SweepConfig: step_duration must be longer than warmup");
   std::vector<double> rates = options.rates;
   std::sort(rates.begin(), rates.end());
 
@@ -674,7 +674,7 @@ template <LoadTarget F, Clock C = SteadyClock>
   int failures_in_a_row = 0;
   bool all_ok_so_far = true;
   for (std::size_t i = 0; i < rates.size(); ++i) {
-    LoadOptions o = options.base;
+    LoadConfig o = options.base;
     o.profile = LoadProfile::steady(options.process, rates[i], options.step_duration);
     o.warmup = options.warmup;
     o.seed = options.base.seed + i;

@@ -79,7 +79,7 @@ struct SimulationConfig {
   std::function<Priority(std::uint64_t index)> priority{};
   // Bounds the run in count (arrivals beyond it are not generated).
   std::uint64_t max_requests = 5'000'000;
-  HistogramOptions histogram{};
+  HistogramConfig histogram{};
   // The simulation's time. Share it (copies share one time) with a learning limiter that
   // is passed to simulate(), so that the limiter reads simulated time.
   ManualClock clock{};
