@@ -1,6 +1,6 @@
 // autoscale_demo: the latency field guide's spike-and-autoscale project, simulated.
 //
-// A fleet of replicas of the guide's Example 1 classifier (a batch of b costs
+// A fleet of replicas of the latency field guide's Example 1 classifier (a batch of b costs
 // 20 + 3·(b − 1) ms, 2 lanes per replica, 5 ms network, FixedWindow 8 ms / 16 per replica)
 // sits behind a least-outstanding-requests load balancer. The load rises from a base rate
 // to three times it and falls back (a traffic spike; by default each change takes 90 s, and
@@ -89,7 +89,7 @@ tailbatch::LoadProfile spike(const Options& o) {
   return tailbatch::LoadProfile::steps(tailbatch::ArrivalProcess::poisson, std::move(phases));
 }
 
-// One replica's capacity within the SLO, from the planner (the guide's Example 1 at batch
+// One replica's capacity within the SLO, from the planner (the latency field guide's Example 1 at batch
 // 16: 410 requests/s).
 double planned_capacity(const Options& o) {
   tailbatch::PlannerConfig p;

@@ -6,13 +6,13 @@
 // with a fixed dynamic window, and with the AdaptiveWindow (told only the SLO and the
 // max batch), and says where adaptive met or missed the fixed window it ran beside. For each rate it prints p50/p95/p99, the achieved throughput and the
 // cost (process CPU milliseconds per completed request), finds each setup's saturation
-// point, and answers the guide's practical project ("show p50/p95 before and after") and
+// point, and answers the latency field guide's practical project ("show p50/p95 before and after") and
 // mini challenge ("reduce p95 by 20 % without increasing cost per request") with a verdict
 // computed from these measurements. It writes SVG plots and prints their paths.
 //
 //   before_after_demo [--out DIR] [--quick] [--slo-p95-ms 50] [--window-ms 0.5] [--max-batch 32]
 //
-// The window: the guide's 2-10 ms is for a model that takes ~20 ms per batch; the reference
+// The window: the latency field guide's 2-10 ms is for a model that takes ~20 ms per batch; the reference
 // classifier takes ~1 ms at batch 1 on a CPU, so the demo scales the window down with it.
 //
 // It takes about a minute and a half (up to three on a busy 2-core machine); --quick
@@ -345,7 +345,7 @@ int main(int argc, char** argv) {
                duration<double, std::milli>(plan.window).count(), plan.batch, plan.rate_rps);
   }
 
-  // Before vs after at each rate both ran, each judged against the guide's mini challenge:
+  // Before vs after at each rate both ran, each judged against the latency field guide's mini challenge:
   // p95 down by at least 20 %, cost per request not up, and the SLO still met.
   auto change = [](double a, double b) { return a > 0 ? (b - a) / a * 100.0 : 0.0; };
   const std::size_t common = std::min(before.rows.size(), after.rows.size());

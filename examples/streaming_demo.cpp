@@ -287,7 +287,7 @@ int main(int argc, char** argv) {
   }
 
   // The latency field guide's Example 2 arithmetic (tailbatch::streaming_latency, tested
-  // against the guide's own figures in tests/test_planner.cpp) with this run's numbers:
+  // against the latency field guide's own figures in tests/test_planner.cpp) with this run's numbers:
   // a 100-token answer is perceived after the time to first token + 99 inter-token times.
   const auto& mid = runs[1];
   std::vector<double> first, itl;

@@ -34,9 +34,11 @@ inline auto ContainsSubstring(const std::string& s) { return Catch::Matchers::Co
 
 namespace {
 
-using tailbatch::test::invalid_argument_message;
+using tailbatch::test::MessageContains;
+using tailbatch::test::MessageIs;
+using tailbatch::test::MessageStartsWith;
 #define CHECK_INVALID(stmt, text) \
-  CHECK_THAT(invalid_argument_message([&] { stmt; }), ContainsSubstring(text))
+  CHECK_THROWS_MATCHES(([&] { stmt; }()), std::invalid_argument, MessageContains(text))
 
 // 100 requests/s per replica is the measured capacity: at 70 % a replica is planned for 70.
 AutoscalerConfig config100() {

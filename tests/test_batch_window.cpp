@@ -27,7 +27,9 @@ BatchView view(const std::vector<BatchCandidate>& c, BatchTime now, bool flush =
   return BatchView{std::span<const BatchCandidate>(c), c.size(), now, flush};
 }
 
-using tailbatch::test::invalid_argument_message;
+using tailbatch::test::MessageContains;
+using tailbatch::test::MessageIs;
+using tailbatch::test::MessageStartsWith;
 
 }  // namespace
 
@@ -75,8 +77,10 @@ TEST_CASE("FixedWindow: flush dispatches without waiting, max_wait 0 never waits
 }
 
 TEST_CASE("FixedWindow: bad configuration names the field") {
-  CHECK(invalid_argument_message([] { FixedWindow(0, 1ms); }) == "FixedWindow: max_batch must be >= 1");
-  CHECK(invalid_argument_message([] { FixedWindow(4, -1ms); }) == "FixedWindow: max_wait must be >= 0");
+  CHECK_THROWS_MATCHES(([] { FixedWindow(0, 1ms); }()), std::invalid_argument,
+                       MessageIs("FixedWindow: max_batch must be >= 1"));
+  CHECK_THROWS_MATCHES(([] { FixedWindow(4, -1ms); }()), std::invalid_argument,
+                       MessageIs("FixedWindow: max_wait must be >= 0"));
 }
 
 TEST_CASE("PreferredSizes: dispatch at once on a preferred size or the largest") {
@@ -140,9 +144,12 @@ TEST_CASE("PreferredSizes: after max_wait, pad up, split, or send as is") {
 }
 
 TEST_CASE("PreferredSizes: bad configuration names the field") {
-  CHECK(invalid_argument_message([] { PreferredSizes({}, 1ms); }) == "PreferredSizes: sizes must not be empty");
-  CHECK(invalid_argument_message([] { PreferredSizes({0, 4}, 1ms); }) == "PreferredSizes: sizes must be >= 1");
-  CHECK(invalid_argument_message([] { PreferredSizes({4}, -1ms); }) == "PreferredSizes: max_wait must be >= 0");
+  CHECK_THROWS_MATCHES(([] { PreferredSizes({}, 1ms); }()), std::invalid_argument,
+                       MessageIs("PreferredSizes: sizes must not be empty"));
+  CHECK_THROWS_MATCHES(([] { PreferredSizes({0, 4}, 1ms); }()), std::invalid_argument,
+                       MessageIs("PreferredSizes: sizes must be >= 1"));
+  CHECK_THROWS_MATCHES(([] { PreferredSizes({4}, -1ms); }()), std::invalid_argument,
+                       MessageIs("PreferredSizes: max_wait must be >= 0"));
 }
 
 TEST_CASE("TokenBudget: closes when max_len x batch would exceed the budget") {
@@ -193,12 +200,12 @@ TEST_CASE("TokenBudget: power-of-two buckets by default, explicit bounds otherwi
 }
 
 TEST_CASE("TokenBudget: bad configuration names the field") {
-  CHECK(invalid_argument_message([] { TokenBudget({.budget = 0, .max_batch = 4, .max_wait = 1ms, .bucket_bounds = {}}); }) ==
-        "TokenBudget: budget must be >= 1");
-  CHECK(invalid_argument_message([] { TokenBudget({.budget = 8, .max_batch = 0, .max_wait = 1ms, .bucket_bounds = {}}); }) ==
-        "TokenBudget: max_batch must be >= 1");
-  CHECK(invalid_argument_message([] { TokenBudget({.budget = 8, .max_batch = 4, .max_wait = 1ms, .bucket_bounds = {8, 4}}); }) ==
-        "TokenBudget: bucket_bounds must be ascending and >= 1");
+  CHECK_THROWS_MATCHES(([] { TokenBudget({.budget = 0, .max_batch = 4, .max_wait = 1ms, .bucket_bounds = {}}); }()), std::invalid_argument,
+                       MessageIs("TokenBudget: budget must be >= 1"));
+  CHECK_THROWS_MATCHES(([] { TokenBudget({.budget = 8, .max_batch = 0, .max_wait = 1ms, .bucket_bounds = {}}); }()), std::invalid_argument,
+                       MessageIs("TokenBudget: max_batch must be >= 1"));
+  CHECK_THROWS_MATCHES(([] { TokenBudget({.budget = 8, .max_batch = 4, .max_wait = 1ms, .bucket_bounds = {8, 4}}); }()), std::invalid_argument,
+                       MessageIs("TokenBudget: bucket_bounds must be ascending and >= 1"));
 }
 
 TEST_CASE("DeadlineAware: without deadlines it is a fixed window, and orders EDF") {
@@ -215,14 +222,16 @@ TEST_CASE("DeadlineAware: without deadlines it is a fixed window, and orders EDF
 }
 
 TEST_CASE("DeadlineAware: bad configuration names the field") {
-  CHECK(invalid_argument_message([] { DeadlineAware({.max_batch = 4, .max_wait = -1ms, .margin = 0ms}); }) ==
-        "DeadlineAware: max_wait must be >= 0");
-  CHECK(invalid_argument_message([] {
+  CHECK_THROWS_MATCHES(([] { DeadlineAware({.max_batch = 4, .max_wait = -1ms, .margin = 0ms}); }()), std::invalid_argument,
+                       MessageIs("DeadlineAware: max_wait must be >= 0"));
+  CHECK_THROWS_MATCHES(([] {
           DeadlineAware({.max_batch = 0, .max_wait = 1ms, .margin = 0ms});
-        }) == "DeadlineAware: max_batch must be >= 1");
-  CHECK(invalid_argument_message([] {
+        }()), std::invalid_argument,
+                       MessageIs("DeadlineAware: max_batch must be >= 1"));
+  CHECK_THROWS_MATCHES(([] {
           DeadlineAware({.max_batch = 4, .max_wait = 1ms, .margin = -1ms});
-        }) == "DeadlineAware: margin must be >= 0");
+        }()), std::invalid_argument,
+                       MessageIs("DeadlineAware: margin must be >= 0"));
 }
 
 TEST_CASE("DeadlineAware: a deadline is a latest start: the batch closes so that it starts by it") {
@@ -265,17 +274,21 @@ TEST_CASE("Policies bound max_batch and name the field") {
   const std::size_t huge = static_cast<std::size_t>(-1);
   const std::size_t big = std::size_t{1} << 40;
   CHECK(max_batch_limit == 65536);
-  CHECK(invalid_argument_message([&] { FixedWindow(huge, 5ms); }) == "FixedWindow: max_batch must be <= 65536");
-  CHECK(invalid_argument_message([&] { FixedWindow(big, 5ms); }) == "FixedWindow: max_batch must be <= 65536");
+  CHECK_THROWS_MATCHES(([&] { FixedWindow(huge, 5ms); }()), std::invalid_argument,
+                       MessageIs("FixedWindow: max_batch must be <= 65536"));
+  CHECK_THROWS_MATCHES(([&] { FixedWindow(big, 5ms); }()), std::invalid_argument,
+                       MessageIs("FixedWindow: max_batch must be <= 65536"));
   CHECK(FixedWindow(max_batch_limit, 5ms).max_batch() == max_batch_limit);
-  CHECK(invalid_argument_message([&] { PreferredSizes({4, big}, 5ms); }) ==
-        "PreferredSizes: sizes must be <= 65536");
-  CHECK(invalid_argument_message([&] {
+  CHECK_THROWS_MATCHES(([&] { PreferredSizes({4, big}, 5ms); }()), std::invalid_argument,
+                       MessageIs("PreferredSizes: sizes must be <= 65536"));
+  CHECK_THROWS_MATCHES(([&] {
           TokenBudget({.budget = 8, .max_batch = huge, .max_wait = 1ms, .bucket_bounds = {}});
-        }) == "TokenBudget: max_batch must be <= 65536");
-  CHECK(invalid_argument_message([&] {
+        }()), std::invalid_argument,
+                       MessageIs("TokenBudget: max_batch must be <= 65536"));
+  CHECK_THROWS_MATCHES(([&] {
           DeadlineAware({.max_batch = big, .max_wait = 1ms, .margin = 0ms});
-        }) == "DeadlineAware: max_batch must be <= 65536");
+        }()), std::invalid_argument,
+                       MessageIs("DeadlineAware: max_batch must be <= 65536"));
 }
 
 TEST_CASE("TokenBudget: the padded cost saturates instead of overflowing") {

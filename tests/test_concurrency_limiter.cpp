@@ -130,6 +130,38 @@ TEST_CASE("try_acquire admits up to the limit, then rejects as overloaded", "[li
   CHECK(lim.in_flight_approx() == 3);
 }
 
+TEST_CASE("stats() gathers the limiter's state in one snapshot, shaped like the Pipeline's", "[limiter]") {
+  ConcurrencyLimiter<> lim(StaticLimit{2});
+  tailbatch::LimiterStats st = lim.stats();
+  CHECK(st.limit == 2);
+  CHECK(st.max_limit == 2);
+  CHECK(st.in_flight == 0);
+  CHECK(st.rejected() == 0);
+  CHECK_FALSE(st.shut_down);
+  auto a = lim.try_acquire();
+  auto b = lim.try_acquire();
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK_FALSE(lim.try_acquire().ok());
+  CHECK_FALSE(lim.try_acquire().ok());
+  st = lim.stats();
+  CHECK(st.in_flight == 2);
+  CHECK(st.queued == 0);
+  CHECK(st.count(RejectReason::overloaded) == 2);
+  CHECK(st.count(RejectReason::shutting_down) == 0);
+  CHECK(st.rejected() == 2);
+  CHECK(st.windows_closed == 0);  // StaticLimit learns nothing
+  a.value().success();
+  CHECK(lim.stats().in_flight == 1);
+  lim.shutdown();
+  CHECK_FALSE(lim.try_acquire().ok());
+  st = lim.stats();
+  CHECK(st.shut_down);
+  CHECK(st.limit == 0);
+  CHECK(st.count(RejectReason::shutting_down) == 1);
+  CHECK(st.rejected() == 3);
+}
+
 TEST_CASE("a permit is released exactly once, whichever way it ends", "[limiter]") {
   ConcurrencyLimiter<> lim(StaticLimit{2});
   {

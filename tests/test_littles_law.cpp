@@ -21,7 +21,9 @@ using tailbatch::MetricsRegistry;
 
 namespace {
 
-using tailbatch::test::invalid_argument_message;
+using tailbatch::test::MessageContains;
+using tailbatch::test::MessageIs;
+using tailbatch::test::MessageStartsWith;
 
 bool contains(std::string_view haystack, std::string_view needle) {
   return haystack.find(needle) != std::string_view::npos;
@@ -81,25 +83,19 @@ TEST_CASE("Little's law flags a hidden queue in either direction", "[metrics][li
     CHECK(idle.relative_deviation == 0.0);
   }
   SECTION("bad inputs throw, naming the field") {
-    CHECK(contains(
-        invalid_argument_message([] { (void)tailbatch::check_littles_law(-1.0, 1ms, 1.0); }),
-        "throughput_per_s"));
-    CHECK(contains(invalid_argument_message(
-                       [] { (void)tailbatch::check_littles_law(std::nan(""), 1ms, 1.0); }),
-                   "throughput_per_s"));
-    CHECK(contains(
-        invalid_argument_message([] { (void)tailbatch::check_littles_law(1.0, -1ms, 1.0); }),
-        "mean_latency"));
-    CHECK(contains(
-        invalid_argument_message([] { (void)tailbatch::check_littles_law(1.0, 1ms, -1.0); }),
-        "mean_in_flight"));
-    CHECK(contains(
-        invalid_argument_message([] { (void)tailbatch::check_littles_law(1.0, 1ms, 1.0, 0.0); }),
-        "threshold"));
+    CHECK_THROWS_MATCHES(([] { (void)tailbatch::check_littles_law(-1.0, 1ms, 1.0); }()), std::invalid_argument,
+                       MessageContains("throughput_per_s"));
+    CHECK_THROWS_MATCHES(([] { (void)tailbatch::check_littles_law(std::nan(""), 1ms, 1.0); }()), std::invalid_argument,
+                       MessageContains("throughput_per_s"));
+    CHECK_THROWS_MATCHES(([] { (void)tailbatch::check_littles_law(1.0, -1ms, 1.0); }()), std::invalid_argument,
+                       MessageContains("mean_latency"));
+    CHECK_THROWS_MATCHES(([] { (void)tailbatch::check_littles_law(1.0, 1ms, -1.0); }()), std::invalid_argument,
+                       MessageContains("mean_in_flight"));
+    CHECK_THROWS_MATCHES(([] { (void)tailbatch::check_littles_law(1.0, 1ms, 1.0, 0.0); }()), std::invalid_argument,
+                       MessageContains("threshold"));
     tailbatch::LatencyHistogram h;
-    CHECK(contains(invalid_argument_message(
-                       [&] { (void)tailbatch::check_littles_law(h.snapshot(), 0ms, 1.0); }),
-                   "window"));
+    CHECK_THROWS_MATCHES(([&] { (void)tailbatch::check_littles_law(h.snapshot(), 0ms, 1.0); }()), std::invalid_argument,
+                       MessageContains("window"));
   }
 }
 

@@ -29,7 +29,9 @@ using tailbatch::MetricsRegistry;
 
 namespace {
 
-using tailbatch::test::invalid_argument_message;
+using tailbatch::test::MessageContains;
+using tailbatch::test::MessageIs;
+using tailbatch::test::MessageStartsWith;
 
 bool contains(std::string_view haystack, std::string_view needle) {
   return haystack.find(needle) != std::string_view::npos;
@@ -370,11 +372,8 @@ TEST_CASE("registering the same (name, labels) returns the same metric", "[metri
 
   tailbatch::HistogramConfig precise;
   precise.significant_digits = 3;
-  const auto msg =
-      invalid_argument_message([&] { (void)r.histogram("z_seconds", "h", {}, precise); });
-  INFO(msg);
-  CHECK(contains(msg, "z_seconds"));
-  CHECK(contains(msg, "different HistogramConfig"));
+  CHECK_THROWS_MATCHES(([&] { (void)r.histogram("z_seconds", "h", {}, precise); }()), std::invalid_argument,
+                       MessageContains("z_seconds") && MessageContains("different HistogramConfig"));
   auto& p1 = r.histogram("p_seconds", "h", {}, precise);
   auto& p2 = r.histogram("p_seconds", "h", {}, precise);
   CHECK(&p1 == &p2);
@@ -383,20 +382,16 @@ TEST_CASE("registering the same (name, labels) returns the same metric", "[metri
 TEST_CASE("the same name with another kind throws, naming both kinds", "[metrics]") {
   MetricsRegistry r;
   (void)r.gauge("tailbatch_depth", "h");
-  auto msg = invalid_argument_message([&] { (void)r.histogram("tailbatch_depth", "h"); });
-  INFO(msg);
-  CHECK(contains(msg, "tailbatch_depth"));
-  CHECK(contains(msg, "already registered as a gauge"));
-  CHECK(contains(msg, "summary"));
+  CHECK_THROWS_MATCHES(([&] { (void)r.histogram("tailbatch_depth", "h"); }()), std::invalid_argument,
+                       MessageContains("tailbatch_depth") && MessageContains("already registered as a gauge") && MessageContains("summary"));
 
   (void)r.histogram("tailbatch_wait_seconds", "h");
-  msg = invalid_argument_message([&] {
+  CHECK_THROWS_MATCHES(([&] {
     (void)r.gauge("tailbatch_wait_seconds", "h", {{"a", "b"}});
-  });
-  CHECK(contains(msg, "already registered as a summary"));
-  msg = invalid_argument_message(
-      [&] { (void)r.gauge_callback("tailbatch_wait_seconds", "h", {}, [] { return 1.0; }); });
-  CHECK(contains(msg, "already registered as a summary"));
+  }()), std::invalid_argument,
+                       MessageContains("already registered as a summary"));
+  CHECK_THROWS_MATCHES(([&] { (void)r.gauge_callback("tailbatch_wait_seconds", "h", {}, [] { return 1.0; }); }()), std::invalid_argument,
+                       MessageContains("already registered as a summary"));
 }
 
 TEST_CASE("invalid names, labels and help are rejected and change nothing", "[metrics]") {
@@ -467,10 +462,8 @@ TEST_CASE("invalid names, labels and help are rejected and change nothing", "[me
        ""},
   };
   for (const auto& c : cases) {
-    const auto msg = invalid_argument_message(c.call);
-    INFO(msg);
-    CHECK(msg != "<no exception>");
-    CHECK(contains(msg, c.expected));
+    CHECK_THROWS_MATCHES((c.call()), std::invalid_argument,
+                       MessageContains(c.expected));
   }
   CHECK(r.prometheus() == before);
   // A quantile label is fine outside histograms, a name may start with an underscore.
@@ -541,18 +534,18 @@ TEST_CASE("callback gauges are read at exposition and removed by their handle", 
     CHECK(calls.load() == 2);
 
     // A second callback or a plain gauge on the same series is refused.
-    auto msg = invalid_argument_message([&] {
+    CHECK_THROWS_MATCHES(([&] {
       (void)r.gauge_callback("tailbatch_queue_depth", "h", {{"pipeline", "b"}}, [] { return 0.0; });
-    });
-    CHECK(contains(msg, "already registered"));
-    msg = invalid_argument_message([&] {
+    }()), std::invalid_argument,
+                       MessageContains("already registered"));
+    CHECK_THROWS_MATCHES(([&] {
       (void)r.gauge("tailbatch_queue_depth", "h", {{"pipeline", "b"}});
-    });
-    CHECK(contains(msg, "callback gauge"));
-    msg = invalid_argument_message([&] {
+    }()), std::invalid_argument,
+                       MessageContains("callback gauge"));
+    CHECK_THROWS_MATCHES(([&] {
       (void)r.gauge_callback("tailbatch_queue_depth", "h", {{"pipeline", "a"}}, [] { return 0.0; });
-    });
-    CHECK(contains(msg, "already registered"));
+    }()), std::invalid_argument,
+                       MessageContains("already registered"));
   }
   // The handle is gone: the series is gone and the callback is never called again.
   const int calls_before = calls.load();
@@ -823,21 +816,19 @@ TEST_CASE("windowed histograms: duplicate and conflicting registrations", "[metr
   auto& b = r.windowed_histogram("w_seconds", "h", {}, 60s, 6, {}, clock);
   CHECK(&a == &b);
 
-  auto msg = invalid_argument_message(
-      [&] { (void)r.windowed_histogram("w_seconds", "h", {}, 30s, 6, {}, clock); });
-  CHECK(contains(msg, "different window"));
-  msg = invalid_argument_message([&] { (void)r.windowed_histogram("w_seconds", "h", {}, 60s, 6); });
-  CHECK(contains(msg, "another clock type"));
-  msg = invalid_argument_message([&] { (void)r.histogram("w_seconds", "h"); });
-  CHECK(contains(msg, "windowed histogram"));
+  CHECK_THROWS_MATCHES(([&] { (void)r.windowed_histogram("w_seconds", "h", {}, 30s, 6, {}, clock); }()), std::invalid_argument,
+                       MessageContains("different window"));
+  CHECK_THROWS_MATCHES(([&] { (void)r.windowed_histogram("w_seconds", "h", {}, 60s, 6); }()), std::invalid_argument,
+                       MessageContains("another clock type"));
+  CHECK_THROWS_MATCHES(([&] { (void)r.histogram("w_seconds", "h"); }()), std::invalid_argument,
+                       MessageContains("windowed histogram"));
   (void)r.histogram("plain_seconds", "h");
-  msg =
-      invalid_argument_message([&] { (void)r.windowed_histogram("plain_seconds", "h", {}, 60s); });
-  CHECK(contains(msg, "without a window"));
-  msg = invalid_argument_message([&] { (void)r.windowed_histogram("bad_seconds", "h", {}, 0s); });
-  CHECK(contains(msg, "window"));
-  msg = invalid_argument_message([&] { (void)r.windowed_histogram("w_total", "h", {}, 60s); });
-  CHECK(contains(msg, "reserved for counters"));
+  CHECK_THROWS_MATCHES(([&] { (void)r.windowed_histogram("plain_seconds", "h", {}, 60s); }()), std::invalid_argument,
+                       MessageContains("without a window"));
+  CHECK_THROWS_MATCHES(([&] { (void)r.windowed_histogram("bad_seconds", "h", {}, 0s); }()), std::invalid_argument,
+                       MessageContains("window"));
+  CHECK_THROWS_MATCHES(([&] { (void)r.windowed_histogram("w_total", "h", {}, 60s); }()), std::invalid_argument,
+                       MessageContains("reserved for counters"));
   // A windowed and a cumulative series may share a family: both are summaries.
   CHECK_NOTHROW(r.windowed_histogram("plain_seconds", "h", {{"k", "v"}}, 60s));
 }

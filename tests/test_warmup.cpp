@@ -42,7 +42,9 @@ struct Seen {
   }
 };
 
-using tailbatch::test::invalid_argument_message;
+using tailbatch::test::MessageContains;
+using tailbatch::test::MessageIs;
+using tailbatch::test::MessageStartsWith;
 
 const std::vector<int> samples = {1, 2, 3};
 
@@ -118,14 +120,14 @@ TEST_CASE("warmup: bad arguments name the field") {
   Pipeline<int, int, FixedWindow, HostLanes, AdmitAll, ManualClock> p(seen.model(), FixedWindow(4, 5ms), {}, clock);
   const std::vector<int> none;
   auto advance = [&](BatchTime t) { clock.advance_to(t); };
-  CHECK(invalid_argument_message([&] { (void)warmup(p, none, {.advance_clock = advance}); }) ==
-        "warmup: samples must not be empty");
-  CHECK(invalid_argument_message([&] { (void)warmup(p, samples, {.sizes = {5}, .advance_clock = advance}); }) ==
-        "warmup: sizes must be in [1, max_batch]");
-  CHECK(invalid_argument_message([&] { (void)warmup(p, samples, {.rounds = 0, .advance_clock = advance}); }) ==
-        "warmup: rounds must be >= 1");
-  CHECK(invalid_argument_message([&] { (void)warmup(p, samples); }) ==
-        "warmup: advance_clock must be set for a Pipeline stepped by poll() on a manual clock");
+  CHECK_THROWS_MATCHES(([&] { (void)warmup(p, none, {.advance_clock = advance}); }()), std::invalid_argument,
+                       MessageIs("warmup: samples must not be empty"));
+  CHECK_THROWS_MATCHES(([&] { (void)warmup(p, samples, {.sizes = {5}, .advance_clock = advance}); }()), std::invalid_argument,
+                       MessageIs("warmup: sizes must be in [1, max_batch]"));
+  CHECK_THROWS_MATCHES(([&] { (void)warmup(p, samples, {.rounds = 0, .advance_clock = advance}); }()), std::invalid_argument,
+                       MessageIs("warmup: rounds must be >= 1"));
+  CHECK_THROWS_MATCHES(([&] { (void)warmup(p, samples); }()), std::invalid_argument,
+                       MessageIs("warmup: advance_clock must be set for a Pipeline stepped by poll() on a manual clock"));
   CHECK(seen.batches.empty());
 }
 

@@ -76,6 +76,32 @@ struct LimiterConfig {
   Labels metric_labels{};
 };
 
+// What a ConcurrencyLimiter has done and holds, read at one moment (stats()). The same
+// shape as PipelineStats and ContinuousBatcherStats: counters indexed by RejectReason and
+// read with count(). A snapshot: each field is read on its own with a relaxed load, so
+// under concurrent use they may disagree by the calls in transit.
+struct LimiterStats {
+  std::array<std::uint64_t, 5> rejected_by_reason{};  // indexed by RejectReason
+  std::uint32_t limit = 0;          // the limit in force (0 after shutdown())
+  std::uint32_t max_limit = 0;      // the largest limit the algorithm can set
+  std::uint32_t in_flight = 0;      // permits held
+  std::uint32_t queued = 0;         // callers waiting in acquire_for()/acquire_until()
+  std::uint64_t windows_closed = 0; // sample windows closed (0 for non-learning algorithms)
+  std::chrono::nanoseconds retry_after{0};  // retry_after_hint() at the time of reading
+  bool shut_down = false;           // whether shutdown() was called
+
+  // Rejections so far with this reason. Never blocks.
+  [[nodiscard]] std::uint64_t count(RejectReason r) const noexcept {
+    return rejected_by_reason[static_cast<std::size_t>(r)];
+  }
+  // Rejections with any reason. Never blocks.
+  [[nodiscard]] std::uint64_t rejected() const noexcept {
+    std::uint64_t n = 0;
+    for (std::uint64_t c : rejected_by_reason) n += c;
+    return n;
+  }
+};
+
 // Caps in-flight work at a limit chosen by Algorithm, reading time from C.
 //
 // Thread-safety: every member is thread-safe. Exception guarantees: the constructor throws
@@ -394,6 +420,23 @@ class ConcurrencyLimiter {
   // Sample windows closed so far (always 0 for non-learning algorithms). Thread-safe.
   [[nodiscard]] std::uint64_t windows_closed() const noexcept {
     return windows_closed_.load(std::memory_order_relaxed);
+  }
+  // Everything above in one snapshot (LimiterStats). Never blocks, never allocates.
+  // Thread-safe.
+  [[nodiscard]] LimiterStats stats() const noexcept {
+    LimiterStats st;
+    for (std::size_t i = 0; i < st.rejected_by_reason.size(); ++i) {
+      st.rejected_by_reason[i] = rejections_[i].load(std::memory_order_relaxed);
+    }
+    const std::uint64_t word = word_.load(std::memory_order_relaxed);
+    st.limit = static_cast<std::uint32_t>(word >> 32);
+    st.in_flight = static_cast<std::uint32_t>(word & kInFlightMask);
+    st.max_limit = max_limit_;
+    st.queued = queued_approx();
+    st.windows_closed = windows_closed();
+    st.retry_after = retry_after_hint();
+    st.shut_down = is_shut_down();
+    return st;
   }
   // How long a rejected caller should wait before retrying: the last window's mean RTT
   // divided by the limit (the mean time between freed permits). Zero when unknown.

@@ -98,6 +98,13 @@ int main() {
       CHECK(lanes.size() == 2);
       CHECK(lanes.host_lanes() != nullptr);
       CHECK(lanes.stream_pool() == nullptr);
+      CHECK(lanes.free_slots_approx() == 2);  // host lanes of capacity 1, none leased
+      {
+        auto lease = lanes.try_acquire();
+        REQUIRE(lease.has_value());
+        CHECK(lanes.free_slots_approx() == 1);
+      }
+      CHECK(lanes.free_slots_approx() == 2);
       std::printf("fallback reason: %s\n", lanes.fallback_reason().c_str());
       CHECK(contains(lanes.fallback_reason(), "StreamPool: "));
       if (why.empty()) CHECK(contains(lanes.fallback_reason(), "cudaErrorMemoryAllocation"));

@@ -47,8 +47,10 @@ FleetConfig example1(double rps, std::chrono::nanoseconds length, std::size_t re
 
 const FixedWindow batching(16, 8ms);
 
-using tailbatch::test::invalid_argument_message;
-#define CHECK_INVALID(stmt, text) CHECK_THAT(invalid_argument_message([&] { stmt; }), ContainsSubstring(text))
+using tailbatch::test::MessageContains;
+using tailbatch::test::MessageIs;
+using tailbatch::test::MessageStartsWith;
+#define CHECK_INVALID(stmt, text) CHECK_THROWS_MATCHES(([&] { stmt; }()), std::invalid_argument, MessageContains(text))
 
 }  // namespace
 

@@ -30,7 +30,7 @@ namespace {
 
 double ms(std::chrono::nanoseconds d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-// The guide's Example 1: L(b) = 20 ms + 3 ms × (b − 1), two GPU streams, network 5 ms,
+// The latency field guide's Example 1: L(b) = 20 ms + 3 ms × (b − 1), two GPU streams, network 5 ms,
 // window 8 ms.
 tailbatch::BatchPlan planner_example1(int batch, double tail = 1.2) {
   tailbatch::PlannerConfig c;

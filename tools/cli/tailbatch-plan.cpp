@@ -1,10 +1,10 @@
 // tailbatch-plan: the capacity planner on the command line.
 //
-//   From a latency profile (the guide's Example 1):
+//   From a latency profile (the latency field guide's Example 1):
 //     tailbatch-plan --base-ms 20 --per-item-ms 3 --network-ms 5 --window-ms 8
 //                    --streams 2 --slo-p95-ms 150 --preferred 8,16
 //   From a measured table:        --profile 1:20,8:41,16:65   (or --profile FILE)
-//   From a measured instance (the guide's Example 3):
+//   From a measured instance (the latency field guide's Example 3):
 //     tailbatch-plan --instance-rps 350 --p95-ms 120 --target-rps 2000 --headroom 0.3
 //
 // Prints a table, or JSON with --json. Exit status: 0 with a recommendation, 1 for bad

@@ -31,6 +31,7 @@
 
 #include <tailbatch/cuda/error.hpp>
 #include <tailbatch/cuda/stream_pool.hpp>
+#include <tailbatch/detail/throw.hpp>
 #include <tailbatch/lanes.hpp>
 #include <tailbatch/metrics.hpp>
 
@@ -108,8 +109,8 @@ class FallbackLanes {
   // Tries the StreamPool, falls back as configured, logs and sets the gauge. Blocks while
   // the device initializes. Throws as the class comment says.
   explicit FallbackLanes(FallbackLanesConfig config = {}) : config_(std::move(config)) {
-    if (config_.host_lanes < 1) throw std::invalid_argument("FallbackLanes: host_lanes must be >= 1");
-    if (config_.host_lane_capacity < 1) throw std::invalid_argument("FallbackLanes: host_lane_capacity must be >= 1");
+    if (config_.host_lanes < 1) tailbatch::detail::throw_invalid_argument("FallbackLanes: host_lanes must be >= 1");
+    if (config_.host_lane_capacity < 1) tailbatch::detail::throw_invalid_argument("FallbackLanes: host_lane_capacity must be >= 1");
     StreamPoolConfig pool_config = config_.device;
     pool_config.metrics = config_.metrics;
     pool_config.metric_labels = config_.metric_labels;
@@ -158,6 +159,12 @@ class FallbackLanes {
   // Leases per lane at once. Thread-safe.
   [[nodiscard]] std::size_t lane_capacity() const noexcept {
     return pool_ ? pool_->lane_capacity() : host_->lane_capacity();
+  }
+
+  // Lease slots free right now on the backend in use; racy. A Pipeline passes it to its
+  // batch policy as BatchView::idle_lanes (lanes.hpp). Thread-safe.
+  [[nodiscard]] std::size_t free_slots_approx() const noexcept {
+    return pool_ ? pool_->free_slots_approx() : host_->free_slots_approx();
   }
 
   // As StreamPool::try_acquire / HostLanes::try_acquire. Never blocks on a full backend.

@@ -46,6 +46,7 @@
 #include <tailbatch/cuda/error.hpp>
 #include <tailbatch/cuda/resources.hpp>
 #include <tailbatch/detail/lane_slots.hpp>
+#include <tailbatch/detail/throw.hpp>
 #include <tailbatch/lanes.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
@@ -119,7 +120,7 @@ inline DeviceInfo open_device(int device, std::string_view who) {
                      w + ": no CUDA device found");
   }
   if (device < 0 || device >= count) {
-    throw std::invalid_argument(w + ": device must be in [0, " + std::to_string(count) + "), not " +
+    tailbatch::detail::throw_invalid_argument(w + ": device must be in [0, " + std::to_string(count) + "), not " +
                                 std::to_string(device));
   }
   TAILBATCH_CUDA_CHECK_IN(w, cudaSetDevice(device));
@@ -250,7 +251,7 @@ class StreamLane {
 // CUDA streams as a LaneBackend. See the file comment.
 //
 // Thread-safety: size(), lane_capacity(), try_acquire(), acquire_for(), in_flight_approx(),
-// device_info() and device_time() are thread-safe. Exceptions: the constructor throws
+// free_slots_approx(), device_info() and device_time() are thread-safe. Exceptions: the constructor throws
 // CudaError (the cause named), std::invalid_argument (a bad field) and std::bad_alloc;
 // nothing else throws. The destructor waits for work still queued on the streams; leases
 // must not outlive the pool.
@@ -354,6 +355,10 @@ class StreamPool {
     return lane_slots_.in_flight(index);
   }
 
+  // Lease slots free right now over all streams; racy. A Pipeline passes it to its batch
+  // policy as BatchView::idle_lanes (lanes.hpp). Thread-safe.
+  [[nodiscard]] std::size_t free_slots_approx() const noexcept { return lane_slots_.free_approx(); }
+
   // Lease slot i (stream i / lane_capacity(), slot i % lane_capacity()), for backends that
   // wrap the pool; use it only under a lease of that slot. Thread-safe.
   [[nodiscard]] StreamLane& slot_lane(std::size_t i) const noexcept { return *slots_[i]; }
@@ -367,9 +372,9 @@ class StreamPool {
 
  private:
   static StreamPoolConfig validate(StreamPoolConfig c) {
-    if (c.lanes < 1) throw std::invalid_argument("StreamPool: lanes must be >= 1");
-    if (c.lane_capacity < 1) throw std::invalid_argument("StreamPool: lane_capacity must be >= 1");
-    if (c.device < 0) throw std::invalid_argument("StreamPool: device must be >= 0");
+    if (c.lanes < 1) tailbatch::detail::throw_invalid_argument("StreamPool: lanes must be >= 1");
+    if (c.lane_capacity < 1) tailbatch::detail::throw_invalid_argument("StreamPool: lane_capacity must be >= 1");
+    if (c.device < 0) tailbatch::detail::throw_invalid_argument("StreamPool: device must be >= 0");
     return c;
   }
 

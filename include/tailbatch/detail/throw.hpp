@@ -48,6 +48,13 @@ template <class E, class... Args>
 #endif
 }
 
+// Throws E(what), or prints what and aborts without exceptions. E is a standard exception
+// type constructible from a std::string (std::out_of_range, std::length_error, ...).
+template <class E>
+[[noreturn]] inline void throw_error(const std::string& what) {
+  throw_or_abort<E>(what.c_str(), what);
+}
+
 // Calls body(). With exceptions, one that escapes it is caught and on_error(what) is
 // called with its what() (nullptr for one not derived from std::exception); what
 // on_error throws in turn is dropped. Returns whether body threw. Without exceptions

@@ -14,9 +14,10 @@
 // boring plot" negative, text without lexicon words neutral.
 //
 // Batch invariance: a request's output is bit-identical whether it runs alone or in any
-// batch at any position, on every CPU kernel (see detail/cpu_kernels.hpp for why), and
-// the CUDA kernels (tailbatch/cuda/classifier_kernels.cuh) compute the same logits in the
-// same order. docs/reference-model.md has the architecture, the sizes and the reasons.
+// batch at any position, on every CPU kernel (see detail/cpu_kernels.hpp for why; the CPU
+// tests check it). The CUDA kernels (tailbatch/reference/cuda/classifier_kernels.cuh) are
+// designed to compute the same logits in the same order; not yet run on a device, so that
+// is unverified. docs/reference-model.md has the architecture, the sizes and the reasons.
 #pragma once
 
 #include <array>
@@ -32,6 +33,7 @@
 #include <string_view>
 #include <vector>
 
+#include <tailbatch/detail/throw.hpp>
 #include <tailbatch/reference/detail/cpu_kernels.hpp>
 #include <tailbatch/reference/sentiment_lexicon.hpp>
 #include <tailbatch/reference/tokenizer.hpp>
@@ -276,7 +278,7 @@ class Classifier {
   void forward(std::span<const std::span<const std::uint32_t>> batch, std::span<Prediction> out,
                ClassifierWorkspace& ws) const {
     if (batch.size() != out.size()) {
-      throw std::invalid_argument("Classifier::forward: batch and out differ in size");
+      tailbatch::detail::throw_invalid_argument("Classifier::forward: batch and out differ in size");
     }
     std::uint64_t long_requests = 0;
     for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -286,7 +288,7 @@ class Classifier {
       }
       for (std::uint32_t t : truncated(batch[i])) {
         if (t >= config_.vocab_size) {
-          throw std::out_of_range("Classifier::forward: token id " + std::to_string(t) + " of request " +
+          tailbatch::detail::throw_error<std::out_of_range>("Classifier::forward: token id " + std::to_string(t) + " of request " +
                                   std::to_string(i) + " is >= vocab_size " +
                                   std::to_string(config_.vocab_size));
         }
@@ -337,7 +339,7 @@ class Classifier {
     const std::size_t h = config_.hidden_dim;
     std::vector<double> x(e, 0.0);
     for (std::uint32_t t : tokens) {
-      if (t >= config_.vocab_size) throw std::out_of_range("Classifier::reference_forward: token id out of range");
+      if (t >= config_.vocab_size) tailbatch::detail::throw_error<std::out_of_range>("Classifier::reference_forward: token id out of range");
       for (std::size_t k = 0; k < e; ++k) x[k] += embeddings_[std::size_t{t} * e + k];
     }
     if (!tokens.empty()) {
@@ -394,18 +396,18 @@ class Classifier {
  private:
   static ClassifierConfig validate(ClassifierConfig c) {
     if (c.embed_dim < 16 || c.embed_dim % 16 != 0) {
-      throw std::invalid_argument("Classifier: embed_dim must be a positive multiple of 16");
+      tailbatch::detail::throw_invalid_argument("Classifier: embed_dim must be a positive multiple of 16");
     }
     if (c.hidden_dim < 32 || c.hidden_dim % 32 != 0) {
-      throw std::invalid_argument("Classifier: hidden_dim must be a positive multiple of 32");
+      tailbatch::detail::throw_invalid_argument("Classifier: hidden_dim must be a positive multiple of 32");
     }
     if (c.vocab_size <= sentiment_lexicon.size()) {
-      throw std::invalid_argument("Classifier: vocab_size must exceed the lexicon size (" +
+      tailbatch::detail::throw_invalid_argument("Classifier: vocab_size must exceed the lexicon size (" +
                                   std::to_string(sentiment_lexicon.size()) + ")");
     }
-    if (c.max_tokens < 1) throw std::invalid_argument("Classifier: max_tokens must be >= 1");
+    if (c.max_tokens < 1) tailbatch::detail::throw_invalid_argument("Classifier: max_tokens must be >= 1");
     if (!cpu_kernel_supported(c.cpu_kernel)) {
-      throw std::invalid_argument("Classifier: cpu_kernel " + std::string(to_string(c.cpu_kernel)) +
+      tailbatch::detail::throw_invalid_argument("Classifier: cpu_kernel " + std::string(to_string(c.cpu_kernel)) +
                                   " is not supported by this CPU or build");
     }
     return c;

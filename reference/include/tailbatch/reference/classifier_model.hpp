@@ -8,8 +8,8 @@
 // Requests are texts (std::string); responses are Predictions. Each batch is tokenized and
 // classified on the CPU twin in the worker thread that runs it, so tokenization counts as
 // model time, as it does in a real server. On any lane type (HostLanes, or the fallback
-// host lanes of tailbatch/cuda/fallback_lanes.hpp); tailbatch/cuda/classifier.hpp has the
-// adapter that runs on CUDA lanes.
+// host lanes of tailbatch/cuda/fallback_lanes.hpp); tailbatch/reference/cuda/classifier.hpp
+// has the adapter for CUDA lanes (compiled, not yet run on a device).
 #pragma once
 
 #include <cstddef>

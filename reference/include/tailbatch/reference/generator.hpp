@@ -18,8 +18,9 @@
 //
 // Batch invariance: a sequence's tokens and logits are bit-identical whether it runs alone
 // or in any batch, at any row, with its prompt fed whole or in chunks, on every CPU kernel
-// (see detail/generator_cpu.hpp for the fixed reduction order), and the CUDA kernels
-// compute the same logits in the same order.
+// (see detail/generator_cpu.hpp for the fixed reduction order; the CPU tests check it).
+// The CUDA kernels are designed to compute the same logits in the same order; not yet run
+// on a device, so that is unverified.
 #pragma once
 
 #include <algorithm>
@@ -33,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include <tailbatch/detail/throw.hpp>
 #include <tailbatch/reference/classifier.hpp>
 #include <tailbatch/reference/detail/generator_cpu.hpp>
 
@@ -96,8 +98,8 @@ class OutputLengths {
  public:
   // Throws std::invalid_argument unless 1 <= min <= max.
   OutputLengths(std::size_t min, std::size_t max, std::uint64_t seed) : min_(min), max_(max), state_(seed) {
-    if (min < 1) throw std::invalid_argument("OutputLengths: min must be >= 1");
-    if (max < min) throw std::invalid_argument("OutputLengths: max must be >= min");
+    if (min < 1) tailbatch::detail::throw_invalid_argument("OutputLengths: min must be >= 1");
+    if (max < min) tailbatch::detail::throw_invalid_argument("OutputLengths: max must be >= min");
   }
 
   // The next length. Never allocates.
@@ -177,14 +179,14 @@ class Generator {
     ws.emitting_.clear();
     for (std::size_t i = 0; i < lanes.size(); ++i) {
       auto& lane = lanes[i];
-      if (!lane.state) throw std::invalid_argument("Generator::step: lane without a state");
+      if (!lane.state) tailbatch::detail::throw_invalid_argument("Generator::step: lane without a state");
       if (lane.state->hidden.size() != H) lane.state->hidden.assign(H, 0.0f);
       for (std::int32_t t : lane.feed) check_token(t);
       fed += lane.feed.size();
       if (lane.emit) ws.emitting_.push_back(i);
     }
     if (!logits_out.empty() && logits_out.size() < ws.emitting_.size() * V)
-      throw std::invalid_argument("Generator::step: logits_out is too small");
+      tailbatch::detail::throw_invalid_argument("Generator::step: logits_out is too small");
     grow(ws.xt_, H * G);
     grow(ws.yt_, (H > V ? H : V) * G);
     grow(ws.u_, fed * H);
@@ -357,15 +359,15 @@ class Generator {
 
   static GeneratorConfig validated(GeneratorConfig c) {
     if (c.vocab_size < 32 || c.vocab_size % 32 != 0)
-      throw std::invalid_argument("GeneratorConfig: vocab_size must be a multiple of 32 and >= 32");
+      tailbatch::detail::throw_invalid_argument("GeneratorConfig: vocab_size must be a multiple of 32 and >= 32");
     if (c.hidden_dim < 32 || c.hidden_dim % 32 != 0)
-      throw std::invalid_argument("GeneratorConfig: hidden_dim must be a multiple of 32 and >= 32");
+      tailbatch::detail::throw_invalid_argument("GeneratorConfig: hidden_dim must be a multiple of 32 and >= 32");
     if (!(c.temperature >= 0.0f) || !std::isfinite(c.temperature))
-      throw std::invalid_argument("GeneratorConfig: temperature must be finite and >= 0");
+      tailbatch::detail::throw_invalid_argument("GeneratorConfig: temperature must be finite and >= 0");
     if (c.eos_token < -1 || c.eos_token >= static_cast<std::int32_t>(c.vocab_size))
-      throw std::invalid_argument("GeneratorConfig: eos_token must be -1 or a token below vocab_size");
+      tailbatch::detail::throw_invalid_argument("GeneratorConfig: eos_token must be -1 or a token below vocab_size");
     if (!cpu_kernel_supported(c.cpu_kernel))
-      throw std::invalid_argument("GeneratorConfig: cpu_kernel " + std::string(to_string(c.cpu_kernel)) +
+      tailbatch::detail::throw_invalid_argument("GeneratorConfig: cpu_kernel " + std::string(to_string(c.cpu_kernel)) +
                                   " is not supported by this CPU or build");
     return c;
   }
@@ -416,7 +418,7 @@ class Generator {
 
   void check_token(std::int32_t t) const {
     if (t < 0 || static_cast<std::uint32_t>(t) >= config_.vocab_size)
-      throw std::invalid_argument("Generator::step: token " + std::to_string(t) + " outside the vocabulary");
+      tailbatch::detail::throw_invalid_argument("Generator::step: token " + std::to_string(t) + " outside the vocabulary");
   }
 
   static void grow(std::vector<float>& v, std::size_t n) {

@@ -29,6 +29,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include <tailbatch/detail/throw.hpp>
 
 namespace tailbatch::reference {
 
@@ -77,26 +78,26 @@ class Tokenizer {
   // the rules above, in lowercase, and appear once; otherwise throws std::invalid_argument.
   explicit Tokenizer(TokenizerConfig options = {}, std::span<const std::string_view> reserved = {})
       : options_(options) {
-    if (options_.max_tokens < 1) throw std::invalid_argument("Tokenizer: max_tokens must be >= 1");
+    if (options_.max_tokens < 1) tailbatch::detail::throw_invalid_argument("Tokenizer: max_tokens must be >= 1");
     if (options_.vocab_size <= reserved.size()) {
-      throw std::invalid_argument("Tokenizer: vocab_size must exceed the number of reserved words");
+      tailbatch::detail::throw_invalid_argument("Tokenizer: vocab_size must exceed the number of reserved words");
     }
     reserved_.reserve(reserved.size());
     std::size_t slots = 16;
     while (slots < 2 * reserved.size()) slots *= 2;
     slots_.assign(slots, Slot{});
     for (std::string_view word : reserved) {
-      if (word.empty()) throw std::invalid_argument("Tokenizer: reserved words must not be empty");
+      if (word.empty()) tailbatch::detail::throw_invalid_argument("Tokenizer: reserved words must not be empty");
       for (char c : word) {
         auto u = static_cast<unsigned char>(c);
         if (detail::token_byte_table[u] != u) {
-          throw std::invalid_argument("Tokenizer: reserved word '" + std::string(word) +
+          tailbatch::detail::throw_invalid_argument("Tokenizer: reserved word '" + std::string(word) +
                                       "' is not a single lowercase word");
         }
       }
       const std::uint64_t h = fnv1a64(word);
       if (find_reserved(h, word) != npos) {
-        throw std::invalid_argument("Tokenizer: reserved word '" + std::string(word) + "' appears twice");
+        tailbatch::detail::throw_invalid_argument("Tokenizer: reserved word '" + std::string(word) + "' appears twice");
       }
       const auto id = static_cast<std::uint32_t>(reserved_.size());
       reserved_.emplace_back(word);

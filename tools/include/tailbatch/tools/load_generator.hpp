@@ -49,6 +49,7 @@
 #include <vector>
 
 #include <tailbatch/clock.hpp>
+#include <tailbatch/detail/throw.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/tools/load_profile.hpp>
 #include <tailbatch/outcome.hpp>
@@ -539,16 +540,16 @@ class LoadRunner {
  private:
   void validate() const {
     if (options_.warmup < std::chrono::nanoseconds::zero() || options_.warmup >= options_.profile.duration())
-      throw std::invalid_argument("LoadConfig: warmup must be >= 0 and shorter than the profile");
-    if (options_.max_requests < 1) throw std::invalid_argument("LoadConfig: max_requests must be >= 1");
+      tailbatch::detail::throw_invalid_argument("LoadConfig: warmup must be >= 0 and shorter than the profile");
+    if (options_.max_requests < 1) tailbatch::detail::throw_invalid_argument("LoadConfig: max_requests must be >= 1");
     if (options_.drain_timeout < std::chrono::nanoseconds::zero())
-      throw std::invalid_argument("LoadConfig: drain_timeout must be >= 0");
-    if (options_.workers > 1024) throw std::invalid_argument("LoadConfig: workers must be <= 1024");
-    if (options_.max_outstanding < 1) throw std::invalid_argument("LoadConfig: max_outstanding must be >= 1");
+      tailbatch::detail::throw_invalid_argument("LoadConfig: drain_timeout must be >= 0");
+    if (options_.workers > 1024) tailbatch::detail::throw_invalid_argument("LoadConfig: workers must be <= 1024");
+    if (options_.max_outstanding < 1) tailbatch::detail::throw_invalid_argument("LoadConfig: max_outstanding must be >= 1");
     if (options_.timeline_interval <= std::chrono::nanoseconds::zero())
-      throw std::invalid_argument("LoadConfig: timeline_interval must be > 0");
+      tailbatch::detail::throw_invalid_argument("LoadConfig: timeline_interval must be > 0");
     if (options_.progress && options_.progress_interval <= std::chrono::nanoseconds::zero())
-      throw std::invalid_argument("LoadConfig: progress_interval must be > 0");
+      tailbatch::detail::throw_invalid_argument("LoadConfig: progress_interval must be > 0");
   }
 
   LoadConfig options_;
@@ -585,8 +586,8 @@ template <class P, class MakeRequest>
 // Offered rates from `from` to `to` in `count` evenly spaced steps. Allocates.
 // Throws std::invalid_argument if count < 1 or the rates are not > 0. Thread-safe.
 [[nodiscard]] inline std::vector<double> linear_rates(double from, double to, int count) {
-  if (count < 1) throw std::invalid_argument("linear_rates: count must be >= 1");
-  if (!(from > 0.0) || !(to >= from)) throw std::invalid_argument("linear_rates: need 0 < from <= to");
+  if (count < 1) tailbatch::detail::throw_invalid_argument("linear_rates: count must be >= 1");
+  if (!(from > 0.0) || !(to >= from)) tailbatch::detail::throw_invalid_argument("linear_rates: need 0 < from <= to");
   std::vector<double> r;
   for (int i = 0; i < count; ++i)
     r.push_back(count == 1 ? from : from + (to - from) * static_cast<double>(i) / static_cast<double>(count - 1));
@@ -656,15 +657,15 @@ inline std::string sweep_verdict(const LoadResult& r, double slo_ms, double max_
 // Throws std::invalid_argument naming a bad option. Thread-safe if the target is.
 template <LoadTarget F, Clock C = SteadyClock>
 [[nodiscard]] SweepResult run_sweep(const SweepConfig& options, F&& target, C clock = C{}) {
-  if (options.rates.empty()) throw std::invalid_argument("SweepConfig: rates must not be empty");
+  if (options.rates.empty()) tailbatch::detail::throw_invalid_argument("SweepConfig: rates must not be empty");
   for (double r : options.rates)
-    if (!(r > 0.0) || !std::isfinite(r)) throw std::invalid_argument("SweepConfig: rates must be > 0");
-  if (!(options.slo_p95_ms > 0.0)) throw std::invalid_argument("SweepConfig: slo_p95_ms must be > 0");
+    if (!(r > 0.0) || !std::isfinite(r)) tailbatch::detail::throw_invalid_argument("SweepConfig: rates must be > 0");
+  if (!(options.slo_p95_ms > 0.0)) tailbatch::detail::throw_invalid_argument("SweepConfig: slo_p95_ms must be > 0");
   if (!(options.max_error_rate > 0.0 && options.max_error_rate <= 1.0))
-    throw std::invalid_argument("SweepConfig: max_error_rate must be in (0, 1]");
-  if (options.stop_after_failures < 1) throw std::invalid_argument("SweepConfig: stop_after_failures must be >= 1");
+    tailbatch::detail::throw_invalid_argument("SweepConfig: max_error_rate must be in (0, 1]");
+  if (options.stop_after_failures < 1) tailbatch::detail::throw_invalid_argument("SweepConfig: stop_after_failures must be >= 1");
   if (options.step_duration <= options.warmup)
-    throw std::invalid_argument("SweepConfig: step_duration must be longer than warmup");
+    tailbatch::detail::throw_invalid_argument("SweepConfig: step_duration must be longer than warmup");
   std::vector<double> rates = options.rates;
   std::sort(rates.begin(), rates.end());
 

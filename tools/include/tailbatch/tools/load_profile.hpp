@@ -22,6 +22,7 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+#include <tailbatch/detail/throw.hpp>
 
 namespace tailbatch {
 
@@ -108,14 +109,14 @@ class LoadProfile {
  private:
   LoadProfile(ArrivalProcess process, std::vector<LoadPhase> phases) : process_(process), phases_(std::move(phases)) {
     if (process != ArrivalProcess::poisson && process != ArrivalProcess::constant)
-      throw std::invalid_argument("LoadProfile: process must be poisson or constant");
-    if (phases_.empty()) throw std::invalid_argument("LoadProfile: phases must not be empty");
+      tailbatch::detail::throw_invalid_argument("LoadProfile: process must be poisson or constant");
+    if (phases_.empty()) tailbatch::detail::throw_invalid_argument("LoadProfile: phases must not be empty");
     for (std::size_t i = 0; i < phases_.size(); ++i) {
       const auto& p = phases_[i];
       if (p.duration <= std::chrono::nanoseconds::zero())
-        throw std::invalid_argument("LoadProfile: phase " + std::to_string(i) + " duration must be > 0");
+        tailbatch::detail::throw_invalid_argument("LoadProfile: phase " + std::to_string(i) + " duration must be > 0");
       if (!(std::isfinite(p.rps) && p.rps >= 0.0 && p.rps <= 1e9))
-        throw std::invalid_argument("LoadProfile: phase " + std::to_string(i) + " rps must be in [0, 1e9]");
+        tailbatch::detail::throw_invalid_argument("LoadProfile: phase " + std::to_string(i) + " rps must be in [0, 1e9]");
     }
   }
 

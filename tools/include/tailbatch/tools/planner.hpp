@@ -1,4 +1,4 @@
-// Capacity planner: the guide's back-of-the-envelope capacity math, as a function.
+// Capacity planner: the latency field guide's back-of-the-envelope capacity math, as a function.
 //
 // Given how long the model takes for a batch of b requests, the planner works out, for every
 // candidate batch size, what one request costs end to end, what p95 to expect, how many
@@ -7,7 +7,7 @@
 // what cap to put on in-flight work. It then recommends the batch size with the highest
 // instance throughput whose estimated p95 meets the SLO, and says why.
 //
-// The formulas (docs/planner.md works the guide's examples through them):
+// The formulas (docs/planner.md works the latency field guide's examples through them):
 //   model(b)        = base + per_item × (b − 1), or interpolated from a measured table
 //   request(b)      = model(b) + network + (b > 1 ? window : 0)
 //   p95(b)          = tail × request(b)
@@ -39,6 +39,7 @@
 #include <system_error>
 #include <utility>
 #include <vector>
+#include <tailbatch/detail/throw.hpp>
 
 namespace tailbatch {
 
@@ -57,7 +58,7 @@ struct ProfilePoint {
   double model_ms = 0.0;
 };
 
-// How long the model takes for a batch of b requests: either the guide's linear model
+// How long the model takes for a batch of b requests: either the latency field guide's linear model
 // (base + per_item × (b − 1)) or a table measured on the real model.
 //
 // A value type. Immutable after construction; thread-safe to share. Construction validates
@@ -69,9 +70,9 @@ class LatencyProfile {
   // Thread-safe.
   [[nodiscard]] static LatencyProfile linear(double base_ms, double per_item_ms) {
     if (!(std::isfinite(base_ms) && base_ms > 0.0))
-      throw std::invalid_argument("LatencyProfile: base_ms must be > 0");
+      tailbatch::detail::throw_invalid_argument("LatencyProfile: base_ms must be > 0");
     if (!(std::isfinite(per_item_ms) && per_item_ms >= 0.0))
-      throw std::invalid_argument("LatencyProfile: per_item_ms must be >= 0");
+      tailbatch::detail::throw_invalid_argument("LatencyProfile: per_item_ms must be >= 0");
     LatencyProfile p;
     p.base_ms_ = base_ms;
     p.per_item_ms_ = per_item_ms;
@@ -83,19 +84,19 @@ class LatencyProfile {
   // measured range it is not defined (the planner never extrapolates a measurement).
   // Allocates. Throws std::invalid_argument naming the offending point. Thread-safe.
   [[nodiscard]] static LatencyProfile measured(std::vector<ProfilePoint> points) {
-    if (points.empty()) throw std::invalid_argument("LatencyProfile: the measured table is empty");
+    if (points.empty()) tailbatch::detail::throw_invalid_argument("LatencyProfile: the measured table is empty");
     std::sort(points.begin(), points.end(),
               [](const ProfilePoint& a, const ProfilePoint& b) { return a.batch_size < b.batch_size; });
     for (std::size_t i = 0; i < points.size(); ++i) {
       const auto& pt = points[i];
       if (pt.batch_size < 1)
-        throw std::invalid_argument("LatencyProfile: batch size " + std::to_string(pt.batch_size) +
+        tailbatch::detail::throw_invalid_argument("LatencyProfile: batch size " + std::to_string(pt.batch_size) +
                                     " must be >= 1");
       if (!(std::isfinite(pt.model_ms) && pt.model_ms > 0.0))
-        throw std::invalid_argument("LatencyProfile: the latency of batch " +
+        tailbatch::detail::throw_invalid_argument("LatencyProfile: the latency of batch " +
                                     std::to_string(pt.batch_size) + " must be > 0 ms");
       if (i > 0 && points[i - 1].batch_size == pt.batch_size)
-        throw std::invalid_argument("LatencyProfile: batch size " + std::to_string(pt.batch_size) +
+        tailbatch::detail::throw_invalid_argument("LatencyProfile: batch size " + std::to_string(pt.batch_size) +
                                     " is listed twice");
     }
     LatencyProfile p;
@@ -131,7 +132,7 @@ class LatencyProfile {
       first_content_line = false;
       const bool colon_pairs = line.find(':') != std::string_view::npos;
       if (!colon_pairs && fields.size() != 2)
-        throw std::invalid_argument("LatencyProfile: cannot read \"" + std::string(trim(line)) +
+        tailbatch::detail::throw_invalid_argument("LatencyProfile: cannot read \"" + std::string(trim(line)) +
                                     "\": expected batch:ms pairs (\"1:20,8:41\") or one "
                                     "\"batch ms\" pair per line");
       if (colon_pairs) {
@@ -142,7 +143,7 @@ class LatencyProfile {
       }
     }
     if (points.empty())
-      throw std::invalid_argument("LatencyProfile: no batch:ms pairs found in \"" +
+      tailbatch::detail::throw_invalid_argument("LatencyProfile: no batch:ms pairs found in \"" +
                                   std::string(trim(text.substr(0, 80))) + "\"");
     return measured(std::move(points));
   }
@@ -164,10 +165,10 @@ class LatencyProfile {
   // batch_size < 1 or lies outside a measured table's range. Never allocates except for
   // the exception's message. Thread-safe.
   [[nodiscard]] double model_ms(int batch_size) const {
-    if (batch_size < 1) throw std::invalid_argument("LatencyProfile: batch size must be >= 1");
+    if (batch_size < 1) tailbatch::detail::throw_invalid_argument("LatencyProfile: batch size must be >= 1");
     if (points_.empty()) return base_ms_ + per_item_ms_ * static_cast<double>(batch_size - 1);
     if (batch_size < points_.front().batch_size || batch_size > points_.back().batch_size)
-      throw std::invalid_argument("LatencyProfile: batch size " + std::to_string(batch_size) +
+      tailbatch::detail::throw_invalid_argument("LatencyProfile: batch size " + std::to_string(batch_size) +
                                   " is outside the measured range " +
                                   std::to_string(points_.front().batch_size) + ".." +
                                   std::to_string(points_.back().batch_size));
@@ -230,7 +231,7 @@ class LatencyProfile {
   static ProfilePoint read_pair(std::string_view pair, char joiner) {
     auto pos = pair.find(joiner);
     if (pos == std::string_view::npos)
-      throw std::invalid_argument("LatencyProfile: cannot read \"" + std::string(pair) +
+      tailbatch::detail::throw_invalid_argument("LatencyProfile: cannot read \"" + std::string(pair) +
                                   "\": expected batch:ms, as in 8:41");
     return read_fields(pair.substr(0, pos), pair.substr(pos + 1), pair);
   }
@@ -238,7 +239,7 @@ class LatencyProfile {
     double b = 0, v = 0;
     if (!parse_double(trim(batch), b) || !parse_double(trim(ms), v) || b != std::floor(b) ||
         b < 1 || b > 1e6)
-      throw std::invalid_argument("LatencyProfile: cannot read \"" + std::string(trim(whole)) +
+      tailbatch::detail::throw_invalid_argument("LatencyProfile: cannot read \"" + std::string(trim(whole)) +
                                   "\": expected a whole batch size and a latency in ms, as in 8:41");
     return ProfilePoint{static_cast<int>(b), v};
   }
@@ -255,7 +256,7 @@ struct PlannerConfig {
   double network_ms = 0.0;   // per request, both ways: serialization, transport, tokenization
   double window_ms = 0.0;    // the batch window, counted only when the batch is larger than 1
   int streams = 1;           // lanes that run batches at once (GPU streams, workers)
-  double tail = 1.2;         // p95 ≈ tail × per-request time; the guide's 1.1–1.3 for queueing
+  double tail = 1.2;         // p95 ≈ tail × per-request time; the latency field guide's 1.1–1.3 for queueing
   std::optional<double> slo_p95_ms;  // unset: no SLO, recommend the highest throughput
   std::optional<double> target_rps;  // unset: replicas are not computed
   double headroom = 0.3;     // spare capacity for spikes: 0.3 plans for 130 % of the target
@@ -304,11 +305,11 @@ struct CapacityPlan {
 // Allocates only for the exception's message. Thread-safe.
 [[nodiscard]] inline std::int64_t replicas_for(double target_rps, double instance_rps, double headroom = 0.0) {
   if (!(instance_rps > 0.0) || !std::isfinite(instance_rps))
-    throw std::invalid_argument("replicas_for: instance_rps must be > 0");
+    tailbatch::detail::throw_invalid_argument("replicas_for: instance_rps must be > 0");
   if (!(target_rps >= 0.0) || !std::isfinite(target_rps))
-    throw std::invalid_argument("replicas_for: target_rps must be >= 0");
+    tailbatch::detail::throw_invalid_argument("replicas_for: target_rps must be >= 0");
   if (!(headroom >= 0.0) || !std::isfinite(headroom))
-    throw std::invalid_argument("replicas_for: headroom must be >= 0");
+    tailbatch::detail::throw_invalid_argument("replicas_for: headroom must be >= 0");
   const double need = target_rps * (1.0 + headroom) / instance_rps;
   const double r = std::max(1.0, std::ceil(need - 1e-9));
   if (!(r <= static_cast<double>(max_planned_count))) {
@@ -317,7 +318,7 @@ struct CapacityPlan {
                   "replicas_for: target_rps %g x (1 + headroom %g) / instance_rps %g needs %g replicas, "
                   "more than the planner counts (2^53 - 1): check target_rps, instance_rps and headroom",
                   target_rps, headroom, instance_rps, need);
-    throw std::invalid_argument(buf);
+    tailbatch::detail::throw_invalid_argument(buf);
   }
   return static_cast<std::int64_t>(r);
 }
@@ -331,12 +332,12 @@ struct CapacityPlan {
 // concurrency (bursts are not averages), rounded up to a number people remember — a whole
 // number below 10, a multiple of 5 below 100, of 10 from 100 — and never below `floor`:
 // pass batch_size × streams, because a cap under that starves the batcher (it could never
-// fill a batch on every stream). The guide's Example 3: 42 in flight → 46.2 → 50.
+// fill a batch on every stream). The latency field guide's Example 3: 42 in flight → 46.2 → 50.
 // Throws std::invalid_argument if concurrency is negative or not finite, or the cap would
 // exceed max_planned_count. Allocates only for the exception's message. Thread-safe.
 [[nodiscard]] inline std::int64_t suggested_max_in_flight(double concurrency, std::int64_t floor = 1) {
   if (!(concurrency >= 0.0) || !std::isfinite(concurrency))
-    throw std::invalid_argument("suggested_max_in_flight: concurrency must be finite and >= 0");
+    tailbatch::detail::throw_invalid_argument("suggested_max_in_flight: concurrency must be finite and >= 0");
   const double raw = std::max(1.0, 1.1 * concurrency);
   const double step = raw <= 10.0 ? 1.0 : raw <= 100.0 ? 5.0 : 10.0;
   const double rounded = std::ceil(raw / step - 1e-9) * step;
@@ -346,7 +347,7 @@ struct CapacityPlan {
                   "suggested_max_in_flight: %g requests in flight is more than the planner counts "
                   "(2^53 - 1): check the throughput and latency",
                   concurrency);
-    throw std::invalid_argument(buf);
+    tailbatch::detail::throw_invalid_argument(buf);
   }
   return std::max({static_cast<std::int64_t>(rounded), floor, std::int64_t{1}});
 }
@@ -354,30 +355,30 @@ struct CapacityPlan {
 namespace detail {
 inline void check_planner_config(const PlannerConfig& c) {
   auto finite_nonneg = [](double v) { return std::isfinite(v) && v >= 0.0; };
-  if (!finite_nonneg(c.network_ms)) throw std::invalid_argument("PlannerConfig: network_ms must be >= 0");
-  if (!finite_nonneg(c.window_ms)) throw std::invalid_argument("PlannerConfig: window_ms must be >= 0");
-  if (c.streams < 1) throw std::invalid_argument("PlannerConfig: streams must be >= 1");
+  if (!finite_nonneg(c.network_ms)) tailbatch::detail::throw_invalid_argument("PlannerConfig: network_ms must be >= 0");
+  if (!finite_nonneg(c.window_ms)) tailbatch::detail::throw_invalid_argument("PlannerConfig: window_ms must be >= 0");
+  if (c.streams < 1) tailbatch::detail::throw_invalid_argument("PlannerConfig: streams must be >= 1");
   if (!(std::isfinite(c.tail) && c.tail >= 1.0))
-    throw std::invalid_argument("PlannerConfig: tail must be >= 1 (p95 is never below the per-request time)");
+    tailbatch::detail::throw_invalid_argument("PlannerConfig: tail must be >= 1 (p95 is never below the per-request time)");
   if (c.slo_p95_ms && !(std::isfinite(*c.slo_p95_ms) && *c.slo_p95_ms > 0.0))
-    throw std::invalid_argument("PlannerConfig: slo_p95_ms must be > 0");
+    tailbatch::detail::throw_invalid_argument("PlannerConfig: slo_p95_ms must be > 0");
   if (c.target_rps && !(std::isfinite(*c.target_rps) && *c.target_rps > 0.0))
-    throw std::invalid_argument("PlannerConfig: target_rps must be > 0");
-  if (!finite_nonneg(c.headroom)) throw std::invalid_argument("PlannerConfig: headroom must be >= 0");
-  if (c.max_batch < 1) throw std::invalid_argument("PlannerConfig: max_batch must be >= 1");
+    tailbatch::detail::throw_invalid_argument("PlannerConfig: target_rps must be > 0");
+  if (!finite_nonneg(c.headroom)) tailbatch::detail::throw_invalid_argument("PlannerConfig: headroom must be >= 0");
+  if (c.max_batch < 1) tailbatch::detail::throw_invalid_argument("PlannerConfig: max_batch must be >= 1");
   for (int b : c.preferred) {
-    if (b < 1) throw std::invalid_argument("PlannerConfig: preferred batch sizes must be >= 1");
+    if (b < 1) tailbatch::detail::throw_invalid_argument("PlannerConfig: preferred batch sizes must be >= 1");
     if (b > c.max_batch)
-      throw std::invalid_argument("PlannerConfig: preferred batch size " + std::to_string(b) +
+      tailbatch::detail::throw_invalid_argument("PlannerConfig: preferred batch size " + std::to_string(b) +
                                   " exceeds max_batch " + std::to_string(c.max_batch));
     if (c.profile.is_measured() && (b < c.profile.min_batch() || b > c.profile.max_batch(c.max_batch)))
-      throw std::invalid_argument("PlannerConfig: preferred batch size " + std::to_string(b) +
+      tailbatch::detail::throw_invalid_argument("PlannerConfig: preferred batch size " + std::to_string(b) +
                                   " is outside the measured profile (" +
                                   std::to_string(c.profile.min_batch()) + ".." +
                                   std::to_string(c.profile.points().back().batch_size) + ")");
   }
   if (c.profile.is_measured() && c.profile.min_batch() > c.max_batch)
-    throw std::invalid_argument("PlannerConfig: max_batch " + std::to_string(c.max_batch) +
+    tailbatch::detail::throw_invalid_argument("PlannerConfig: max_batch " + std::to_string(c.max_batch) +
                                 " is below the smallest measured batch size");
 }
 
@@ -589,7 +590,7 @@ inline CandidateScan scan_candidates(const std::vector<BatchPlan>& cs, bool with
   return plan;
 }
 
-// A measured instance, for the planner's second mode (the guide's Example 3).
+// A measured instance, for the planner's second mode (the latency field guide's Example 3).
 struct InstanceMeasurement {
   double instance_rps = 0.0;  // what one instance sustains within its SLO
   double p95_ms = 0.0;        // its p95 at that load
@@ -615,15 +616,15 @@ struct InstancePlan {
 // std::invalid_argument naming the bad field. Thread-safe.
 [[nodiscard]] inline InstancePlan plan_from_instance(const InstanceMeasurement& m) {
   if (!(std::isfinite(m.instance_rps) && m.instance_rps > 0.0))
-    throw std::invalid_argument("InstanceMeasurement: instance_rps must be > 0");
+    tailbatch::detail::throw_invalid_argument("InstanceMeasurement: instance_rps must be > 0");
   if (!(std::isfinite(m.p95_ms) && m.p95_ms > 0.0))
-    throw std::invalid_argument("InstanceMeasurement: p95_ms must be > 0");
+    tailbatch::detail::throw_invalid_argument("InstanceMeasurement: p95_ms must be > 0");
   if (!(std::isfinite(m.target_rps) && m.target_rps > 0.0))
-    throw std::invalid_argument("InstanceMeasurement: target_rps must be > 0");
+    tailbatch::detail::throw_invalid_argument("InstanceMeasurement: target_rps must be > 0");
   if (!(std::isfinite(m.headroom) && m.headroom >= 0.0))
-    throw std::invalid_argument("InstanceMeasurement: headroom must be >= 0");
-  if (m.batch_size < 1) throw std::invalid_argument("InstanceMeasurement: batch_size must be >= 1");
-  if (m.streams < 1) throw std::invalid_argument("InstanceMeasurement: streams must be >= 1");
+    tailbatch::detail::throw_invalid_argument("InstanceMeasurement: headroom must be >= 0");
+  if (m.batch_size < 1) tailbatch::detail::throw_invalid_argument("InstanceMeasurement: batch_size must be >= 1");
+  if (m.streams < 1) tailbatch::detail::throw_invalid_argument("InstanceMeasurement: streams must be >= 1");
   InstancePlan p;
   p.batch_size = m.batch_size;
   p.p95_ms = m.p95_ms;
@@ -670,14 +671,14 @@ struct StreamingLatency {
 // Allocates only for the exception's message. Thread-safe.
 [[nodiscard]] inline StreamingLatency streaming_latency(const GenerationProfile& g, std::int64_t tokens) {
   if (!(std::isfinite(g.prefill_ms) && g.prefill_ms >= 0.0))
-    throw std::invalid_argument("GenerationProfile: prefill_ms must be >= 0");
+    tailbatch::detail::throw_invalid_argument("GenerationProfile: prefill_ms must be >= 0");
   if (!(std::isfinite(g.first_token_ms) && g.first_token_ms >= 0.0))
-    throw std::invalid_argument("GenerationProfile: first_token_ms must be >= 0");
+    tailbatch::detail::throw_invalid_argument("GenerationProfile: first_token_ms must be >= 0");
   if (!(g.prefill_ms + g.first_token_ms > 0.0))
-    throw std::invalid_argument("GenerationProfile: prefill_ms + first_token_ms must be > 0");
+    tailbatch::detail::throw_invalid_argument("GenerationProfile: prefill_ms + first_token_ms must be > 0");
   if (!(std::isfinite(g.tokens_per_s) && g.tokens_per_s > 0.0))
-    throw std::invalid_argument("GenerationProfile: tokens_per_s must be > 0");
-  if (tokens < 1) throw std::invalid_argument("streaming_latency: tokens must be >= 1");
+    tailbatch::detail::throw_invalid_argument("GenerationProfile: tokens_per_s must be > 0");
+  if (tokens < 1) tailbatch::detail::throw_invalid_argument("streaming_latency: tokens must be >= 1");
   StreamingLatency l;
   l.time_to_first_token_ms = g.prefill_ms + g.first_token_ms;
   l.inter_token_ms = 1000.0 / g.tokens_per_s;

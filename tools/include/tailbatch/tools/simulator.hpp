@@ -46,6 +46,7 @@
 #include <tailbatch/admission.hpp>
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/clock.hpp>
+#include <tailbatch/detail/throw.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/tools/load_profile.hpp>
 #include <tailbatch/outcome.hpp>
@@ -62,7 +63,7 @@ struct SimulationConfig {
   std::chrono::nanoseconds warmup{0};
   std::size_t lanes = 1;
   // The model's time for a batch of the given size (the padded size, when the policy pads).
-  // Required. LinearCost{base, per_item} is the guide's L(b).
+  // Required. LinearCost{base, per_item} is the latency field guide's L(b).
   std::function<std::chrono::nanoseconds(std::size_t batch_size)> service_time{};
   // Per batch, on top of service_time, while still holding the lane.
   std::chrono::nanoseconds lane_overhead{0};
@@ -353,19 +354,19 @@ class SimPolicy {
 template <BatchPolicy Policy, AdmissionPolicy Admission>
 [[nodiscard]] SimulationResult simulate(const SimulationConfig& config, Policy policy, Admission& admission) {
   using namespace std::chrono;
-  if (!config.service_time) throw std::invalid_argument("SimulationConfig: service_time must be set");
-  if (config.lanes < 1) throw std::invalid_argument("SimulationConfig: lanes must be >= 1");
+  if (!config.service_time) tailbatch::detail::throw_invalid_argument("SimulationConfig: service_time must be set");
+  if (config.lanes < 1) tailbatch::detail::throw_invalid_argument("SimulationConfig: lanes must be >= 1");
   if (config.warmup < nanoseconds::zero() || config.warmup >= config.arrivals.duration())
-    throw std::invalid_argument("SimulationConfig: warmup must be >= 0 and shorter than the arrivals");
+    tailbatch::detail::throw_invalid_argument("SimulationConfig: warmup must be >= 0 and shorter than the arrivals");
   if (config.lane_overhead < nanoseconds::zero())
-    throw std::invalid_argument("SimulationConfig: lane_overhead must be >= 0");
-  if (config.network < nanoseconds::zero()) throw std::invalid_argument("SimulationConfig: network must be >= 0");
-  if (config.queue_capacity < 1) throw std::invalid_argument("SimulationConfig: queue_capacity must be >= 1");
+    tailbatch::detail::throw_invalid_argument("SimulationConfig: lane_overhead must be >= 0");
+  if (config.network < nanoseconds::zero()) tailbatch::detail::throw_invalid_argument("SimulationConfig: network must be >= 0");
+  if (config.queue_capacity < 1) tailbatch::detail::throw_invalid_argument("SimulationConfig: queue_capacity must be >= 1");
   if (config.request_timeout < nanoseconds::zero())
-    throw std::invalid_argument("SimulationConfig: request_timeout must be >= 0");
+    tailbatch::detail::throw_invalid_argument("SimulationConfig: request_timeout must be >= 0");
   if constexpr (detail::policy_uses_cost<Policy>()) {
     if (!config.request_cost)
-      throw std::invalid_argument("SimulationConfig: request_cost must be set for a policy that reads request cost");
+      tailbatch::detail::throw_invalid_argument("SimulationConfig: request_cost must be set for a policy that reads request cost");
   }
 
   ManualClock clock = config.clock;

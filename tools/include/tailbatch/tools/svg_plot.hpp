@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include <tailbatch/detail/throw.hpp>
 
 namespace tailbatch {
 
@@ -158,7 +159,7 @@ inline constexpr const char* plot_palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", 
   using detail::svg_escape;
   using detail::svg_num;
   if (plot.width < 200 || plot.height < 150)
-    throw std::invalid_argument("LinePlot: width and height must be at least 200 x 150");
+    tailbatch::detail::throw_invalid_argument("LinePlot: width and height must be at least 200 x 150");
   const bool log_y = plot.y_scale == AxisScale::log;
 
   // Data range.
@@ -189,7 +190,7 @@ inline constexpr const char* plot_palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", 
   if (plot.x_max) x_hi = *plot.x_max;
   if (plot.y_min) y_lo = *plot.y_min;
   if (plot.y_max) y_hi = *plot.y_max;
-  if (log_y && !(y_lo > 0.0)) throw std::invalid_argument("LinePlot: a log y axis needs y_min > 0");
+  if (log_y && !(y_lo > 0.0)) tailbatch::detail::throw_invalid_argument("LinePlot: a log y axis needs y_min > 0");
   if (x_hi <= x_lo) x_hi = x_lo + 1.0;
   if (y_hi <= y_lo) y_hi = log_y ? y_lo * 10.0 : y_lo + 1.0;
 
@@ -370,10 +371,10 @@ inline constexpr const char* plot_palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", 
 inline void write_svg(const std::string& path, const LinePlot& plot) {
   const std::string svg = render_svg(plot);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw std::runtime_error("write_svg: cannot open " + path + " for writing");
+  if (!out) tailbatch::detail::throw_error<std::runtime_error>("write_svg: cannot open " + path + " for writing");
   out << svg;
   out.flush();
-  if (!out) throw std::runtime_error("write_svg: cannot write " + path);
+  if (!out) tailbatch::detail::throw_error<std::runtime_error>("write_svg: cannot write " + path);
 }
 
 }  // namespace tailbatch

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include <tailbatch/detail/throw.hpp>
 #include <tailbatch/reference/cuda/classifier_kernels.cuh>
 #include <tailbatch/cuda/error.hpp>
 #include <tailbatch/cuda/fallback_lanes.hpp>
@@ -87,8 +88,8 @@ class DeviceClassifier {
   // CudaError. Thread-safe (the lane is not).
   void forward(std::span<const std::span<const std::uint32_t>> batch, std::span<reference::Prediction> out,
                StreamLane& lane) const {
-    if (batch.size() != out.size()) throw std::invalid_argument("DeviceClassifier::forward: batch and out differ in size");
-    if (lane.device() != device_) throw std::invalid_argument("DeviceClassifier::forward: the lane is on another device");
+    if (batch.size() != out.size()) tailbatch::detail::throw_invalid_argument("DeviceClassifier::forward: batch and out differ in size");
+    if (lane.device() != device_) tailbatch::detail::throw_invalid_argument("DeviceClassifier::forward: the lane is on another device");
     const std::size_t n = batch.size();
     if (n == 0) return;
     const reference::ClassifierConfig& cfg = cpu_->config();
@@ -97,7 +98,7 @@ class DeviceClassifier {
     for (std::size_t i = 0; i < n; ++i) {
       if (batch[i].size() > cfg.max_tokens) {
         if (cfg.long_input == reference::LongInput::reject) {
-          throw std::length_error("DeviceClassifier::forward: request " + std::to_string(i) +
+          tailbatch::detail::throw_error<std::length_error>("DeviceClassifier::forward: request " + std::to_string(i) +
                                   " has more than max_tokens (" + std::to_string(cfg.max_tokens) +
                                   ") tokens, and ClassifierConfig::long_input is reject");
         }
@@ -106,7 +107,7 @@ class DeviceClassifier {
       const std::size_t len = batch[i].size() < cfg.max_tokens ? batch[i].size() : cfg.max_tokens;
       for (std::size_t t = 0; t < len; ++t) {
         if (batch[i][t] >= cfg.vocab_size) {
-          throw std::out_of_range("DeviceClassifier::forward: token id " + std::to_string(batch[i][t]) +
+          tailbatch::detail::throw_error<std::out_of_range>("DeviceClassifier::forward: token id " + std::to_string(batch[i][t]) +
                                   " of request " + std::to_string(i) + " is >= vocab_size");
         }
       }
@@ -236,7 +237,7 @@ class ClassifierModel {
 
   // On a CUDA lane: tokenize, then DeviceClassifier::forward. Blocks. Thread-safe.
   void operator()(std::span<const std::string> texts, std::span<reference::Prediction> out, StreamLane& lane) const {
-    if (gpu_ == nullptr) throw std::logic_error("cuda::ClassifierModel: a CUDA lane but no DeviceClassifier");
+    if (gpu_ == nullptr) tailbatch::detail::throw_error<std::logic_error>("cuda::ClassifierModel: a CUDA lane but no DeviceClassifier");
     auto scratch = scratch_->take();
     scratch->tokenize(cpu_.classifier().tokenizer(), texts);
     gpu_->forward(scratch->requests, out, lane);

@@ -36,6 +36,7 @@
 
 #include <tailbatch/cuda/error.hpp>
 #include <tailbatch/cuda/resources.hpp>
+#include <tailbatch/detail/throw.hpp>
 #include <tailbatch/reference/generator.hpp>
 
 namespace tailbatch::cuda {
@@ -143,17 +144,17 @@ class DeviceGenerator {
     if (lanes.empty()) return;
     std::size_t rows = 0, emitting = 0;
     for (auto& lane : lanes) {
-      if (!lane.state) throw std::invalid_argument("DeviceGenerator::step: lane without a state");
+      if (!lane.state) tailbatch::detail::throw_invalid_argument("DeviceGenerator::step: lane without a state");
       if (lane.state->hidden.size() != H) lane.state->hidden.assign(H, 0.0f);
       for (std::int32_t t : lane.feed) {
         if (t < 0 || static_cast<std::size_t>(t) >= V)
-          throw std::invalid_argument("DeviceGenerator::step: token " + std::to_string(t) + " outside the vocabulary");
+          tailbatch::detail::throw_invalid_argument("DeviceGenerator::step: token " + std::to_string(t) + " outside the vocabulary");
       }
       rows += lane.feed.size();
       emitting += lane.emit ? 1 : 0;
     }
     if (!logits_out.empty() && logits_out.size() < emitting * V)
-      throw std::invalid_argument("DeviceGenerator::step: logits_out is too small");
+      tailbatch::detail::throw_invalid_argument("DeviceGenerator::step: logits_out is too small");
     const std::size_t L = lanes.size();
 
     // Host staging: [offsets L+1][emitting E][tokens R] [hidden L*H] [logits E*V].
