@@ -77,4 +77,5 @@ tailbatch_load_cli_test(load_json_live RC 0
   EXPECT "^{\"mode\": \"live\", \"policy\": \"fixed\", ${_load_fields}, \"window_ms\": 8, \"max_batch\": 16}\nplot: ")
 tailbatch_load_cli_test(load_json_live_sweep RC 0
   ARGS --base-ms 2 --per-item-ms 0.5 --policy adaptive --sweep 50,100 --duration 1 --warmup 0.2 --json --quiet
+       --slo-p95-ms 60000  # the sweep stops at the first rate over the SLO: a busy machine must not end it early
   EXPECT "^${_live_adaptive}\n${_live_adaptive}\nplot: ")
