@@ -248,10 +248,10 @@ inline Sentiment argmax3(const float* v) noexcept {
 //
 // Immutable after construction (but for the truncated_requests() counter, which is atomic):
 // forward, classify and reference_forward may be called from many threads at once, each
-// with its own ClassifierWorkspace. Construction generates the
-// weights (allocates about (vocab_size + hidden_dim) * embed_dim floats: 48 MiB by
-// default, 0.1 to 0.3 s) and throws std::invalid_argument naming the field of a bad config,
-// std::bad_alloc when out of memory.
+// with its own ClassifierWorkspace. The weights come from one of two sources: generated in
+// memory from the seed (the default constructor), or views into memory that something
+// else owns and keeps alive, such as a file mapped by weights_file.hpp (the
+// ClassifierWeights constructor). Move-only: the weights are not copied.
 class Classifier {
  public:
   // How the lexicon enters the weights (docs/reference-model.md explains the numbers).
@@ -260,6 +260,10 @@ class Classifier {
   static constexpr float neutral_margin = 1.0f;   // the neutral logit's bias
   static constexpr float noise_logit_std = 0.25f; // spread of the random part of a logit
 
+  // Generates the weights from config.seed: allocates about (vocab_size + hidden_dim) *
+  // embed_dim floats (48 MiB by default, 0.1 to 0.3 s) and writes every one of them, so
+  // they are resident when construction returns. Throws std::invalid_argument naming the
+  // field of a bad config, std::bad_alloc when out of memory.
   explicit Classifier(ClassifierConfig config = {})
       : config_(validate(config)),
         tokenizer_(TokenizerConfig{config_.vocab_size, detail::tokenizer_limit(config_.max_tokens)},
@@ -267,6 +271,29 @@ class Classifier {
         kernel_(resolve(config_.cpu_kernel)) {
     generate_weights();
   }
+
+  // Uses weights that already exist (in the layout of ClassifierWeights) instead of
+  // generating them: nothing is copied and no weight is read here, so weights mapped from
+  // a file are first touched by the first forward pass (or by warmup). owner keeps the
+  // memory alive for as long as this Classifier (it may be null when the caller guarantees
+  // that). The dimensions in weights must equal config's and every view must have the
+  // size its layout implies; config.seed is only recorded. Outputs are bitwise those of
+  // a generated Classifier whose weights hold the same values. Allocates (the tokenizer).
+  // Throws std::invalid_argument naming the field that does not match, std::bad_alloc.
+  Classifier(ClassifierConfig config, const ClassifierWeights& weights, std::shared_ptr<const void> owner)
+      : config_(validate(config)),
+        tokenizer_(TokenizerConfig{config_.vocab_size, detail::tokenizer_limit(config_.max_tokens)},
+                   detail::lexicon_words()),
+        kernel_(resolve(config_.cpu_kernel)),
+        storage_(std::move(owner)) {
+    adopt_weights(weights);
+  }
+
+  Classifier(const Classifier&) = delete;
+  Classifier& operator=(const Classifier&) = delete;
+  Classifier(Classifier&&) noexcept = default;
+  Classifier& operator=(Classifier&&) noexcept = default;
+  ~Classifier() = default;
 
   // Classifies a batch: out[i] is the prediction for batch[i], a request's token ids. A
   // request longer than max_tokens is read up to max_tokens and flagged (out[i].truncated,
@@ -389,8 +416,7 @@ class Classifier {
   // Views of the weights (valid while this Classifier lives), for uploading them to a
   // device. Thread-safe.
   [[nodiscard]] ClassifierWeights weights() const noexcept {
-    return {config_.vocab_size, config_.embed_dim, config_.hidden_dim, embeddings_.span(), w1_.span(),
-            b1_.span(), w2_.span(), b2_.span()};
+    return {config_.vocab_size, config_.embed_dim, config_.hidden_dim, embeddings_, w1_, b1_, w2_, b2_};
   }
 
  private:
@@ -452,51 +478,92 @@ class Classifier {
     const std::size_t e = config_.embed_dim;
     const std::size_t h = config_.hidden_dim;
     const std::uint64_t seed = config_.seed;
-    embeddings_ = detail::AlignedFloats(v * e);
-    w1_ = detail::AlignedFloats(e * h);
-    b1_ = detail::AlignedFloats(h);
-    w2_ = detail::AlignedFloats(sentiment_count * h);
-    b2_ = detail::AlignedFloats(sentiment_count);
+    auto owned = std::make_shared<GeneratedWeights>();
+    GeneratedWeights& g = *owned;
+    g.embeddings = detail::AlignedFloats(v * e);
+    g.w1 = detail::AlignedFloats(e * h);
+    g.b1 = detail::AlignedFloats(h);
+    g.w2 = detail::AlignedFloats(sentiment_count * h);
+    g.b2 = detail::AlignedFloats(sentiment_count);
 
     const detail::UniformStream emb(seed, 1), w1(seed, 2), b1(seed, 3), w2(seed, 4);
     for (std::size_t r = 0; r < v; ++r) {
-      for (std::size_t k = 1; k < e; ++k) embeddings_[r * e + k] = emb(r * e + k);
+      for (std::size_t k = 1; k < e; ++k) g.embeddings[r * e + k] = emb(r * e + k);
     }
     for (std::size_t r = 0; r < sentiment_lexicon.size(); ++r) {
-      embeddings_[r * e] = polarity_scale * static_cast<float>(sentiment_lexicon[r].polarity);
+      g.embeddings[r * e] = polarity_scale * static_cast<float>(sentiment_lexicon[r].polarity);
     }
 
     const float w1_amp = 3.0f / std::sqrt(static_cast<float>(e));
     for (std::size_t j = 2; j < h; ++j) {
-      float* panel = w1_.data() + (j / detail::panel_width) * e * detail::panel_width;
+      float* panel = g.w1.data() + (j / detail::panel_width) * e * detail::panel_width;
       for (std::size_t k = 1; k < e; ++k) panel[k * detail::panel_width + j % detail::panel_width] = w1_amp * w1(j * e + k);
-      b1_[j] = 0.1f * b1(j);
+      g.b1[j] = 0.1f * b1(j);
     }
-    w1_[0 * detail::panel_width + 0] = 1.0f;   // unit 0 reads +channel 0
-    w1_[0 * detail::panel_width + 1] = -1.0f;  // unit 1 reads -channel 0
+    g.w1[0 * detail::panel_width + 0] = 1.0f;   // unit 0 reads +channel 0
+    g.w1[0 * detail::panel_width + 1] = -1.0f;  // unit 1 reads -channel 0
 
     const float w2_amp = std::sqrt(3.0f) * noise_logit_std / std::sqrt(0.5f * static_cast<float>(h));
     for (std::size_t l = 0; l < sentiment_count; ++l) {
-      for (std::size_t j = 2; j < h; ++j) w2_[l * h + j] = w2_amp * w2(l * h + j);
+      for (std::size_t j = 2; j < h; ++j) g.w2[l * h + j] = w2_amp * w2(l * h + j);
     }
     const std::size_t neg = static_cast<std::size_t>(Sentiment::negative);
     const std::size_t pos = static_cast<std::size_t>(Sentiment::positive);
-    w2_[pos * h + 0] = sentiment_gain;
-    w2_[pos * h + 1] = -sentiment_gain;
-    w2_[neg * h + 0] = -sentiment_gain;
-    w2_[neg * h + 1] = sentiment_gain;
-    b2_[static_cast<std::size_t>(Sentiment::neutral)] = neutral_margin;
+    g.w2[pos * h + 0] = sentiment_gain;
+    g.w2[pos * h + 1] = -sentiment_gain;
+    g.w2[neg * h + 0] = -sentiment_gain;
+    g.w2[neg * h + 1] = sentiment_gain;
+    g.b2[static_cast<std::size_t>(Sentiment::neutral)] = neutral_margin;
+
+    embeddings_ = g.embeddings.span();
+    w1_ = g.w1.span();
+    b1_ = g.b1.span();
+    w2_ = g.w2.span();
+    b2_ = g.b2.span();
+    storage_ = std::move(owned);
   }
+
+  void adopt_weights(const ClassifierWeights& w) {
+    const std::size_t v = config_.vocab_size;
+    const std::size_t e = config_.embed_dim;
+    const std::size_t h = config_.hidden_dim;
+    auto check = [](bool ok, const char* what) {
+      if (!ok) throw std::invalid_argument(std::string("Classifier: weights.") + what + " does not match the config");
+    };
+    check(w.vocab_size == config_.vocab_size, "vocab_size");
+    check(w.embed_dim == config_.embed_dim, "embed_dim");
+    check(w.hidden_dim == config_.hidden_dim, "hidden_dim");
+    check(w.embeddings.size() == v * e, "embeddings (size)");
+    check(w.w1.size() == e * h, "w1 (size)");
+    check(w.b1.size() == h, "b1 (size)");
+    check(w.w2.size() == sentiment_count * h, "w2 (size)");
+    check(w.b2.size() == sentiment_count, "b2 (size)");
+    embeddings_ = w.embeddings;
+    w1_ = w.w1;
+    b1_ = w.b1;
+    w2_ = w.w2;
+    b2_ = w.b2;
+  }
+
+  // The generated weights, owned through storage_ like any other source.
+  struct GeneratedWeights {
+    detail::AlignedFloats embeddings;
+    detail::AlignedFloats w1;
+    detail::AlignedFloats b1;
+    detail::AlignedFloats w2;
+    detail::AlignedFloats b2;
+  };
 
   ClassifierConfig config_;
   Tokenizer tokenizer_;
   CpuKernel kernel_;
   detail::EventCounter truncated_;
-  detail::AlignedFloats embeddings_;
-  detail::AlignedFloats w1_;
-  detail::AlignedFloats b1_;
-  detail::AlignedFloats w2_;
-  detail::AlignedFloats b2_;
+  std::shared_ptr<const void> storage_;  // what keeps the views below valid
+  std::span<const float> embeddings_;
+  std::span<const float> w1_;
+  std::span<const float> b1_;
+  std::span<const float> w2_;
+  std::span<const float> b2_;
 };
 
 }  // namespace tailbatch::reference
