@@ -528,7 +528,7 @@ class Classifier {
     const std::size_t e = config_.embed_dim;
     const std::size_t h = config_.hidden_dim;
     auto check = [](bool ok, const char* what) {
-      if (!ok) throw std::invalid_argument(std::string("Classifier: weights.") + what + " does not match the config");
+      if (!ok) tailbatch::detail::throw_invalid_argument(std::string("Classifier: weights.") + what + " does not match the config");
     };
     check(w.vocab_size == config_.vocab_size, "vocab_size");
     check(w.embed_dim == config_.embed_dim, "embed_dim");
