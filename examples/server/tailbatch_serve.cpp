@@ -72,6 +72,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -1233,6 +1234,12 @@ int main(int argc, char** argv) {
                  "Evaluate the Autoscaler this often (seconds, fractions allowed) and export its decision, "
                  "tailbatch_autoscaler_desired_replicas, and its inputs on /metrics; 0: off")
       ->check(CLI::Range(0.0, 3600.0))
+      ->check(CLI::Validator(
+          [](const std::string& v) -> std::string {
+            const double s = std::strtod(v.c_str(), nullptr);
+            return s == 0.0 || s >= 0.01 ? std::string() : "must be 0 (off) or at least 0.01";
+          },
+          "0 or >= 0.01"))
       ->capture_default_str();
   app.add_option("--capacity-rps", o.capacity_rps,
                  "Classify requests per second one replica serves within its SLO (tailbatch-plan's instance_rps, or "
