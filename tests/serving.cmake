@@ -24,3 +24,10 @@ endif()
 add_test(NAME tailbatch_serve_e2e
          COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/server/test_server.py $<TARGET_FILE:tailbatch-serve>)
 set_tests_properties(tailbatch_serve_e2e PROPERTIES LABELS server TIMEOUT 60)
+
+# tailbatch-serve's Autoscaler, live (label `server`): tests/server/test_autoscale.py runs
+# the server with a 0.2 s --autoscale-interval-s, loads it and checks that /metrics carries
+# tailbatch_autoscaler_desired_replicas and that its inputs moved.
+add_test(NAME tailbatch_serve_autoscale
+         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/server/test_autoscale.py $<TARGET_FILE:tailbatch-serve>)
+set_tests_properties(tailbatch_serve_autoscale PROPERTIES LABELS server TIMEOUT 60)

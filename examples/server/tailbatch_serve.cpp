@@ -10,6 +10,12 @@
 //   GET  /dashboard     a live dashboard of /v1/stats (dashboard.html, embedded at build
 //                       time); GET /static/chart.js serves Debian's libjs-chart.js to it
 //
+// Every --autoscale-interval-s (5 s; 0: off) a timer on the I/O threads evaluates an
+// Autoscaler on this replica's readings over the interval (arrival rate, mean queue depth
+// and in-flight, mean latency from the Pipeline; the recent p95 from the classify route's
+// edge histogram) and exports its decision, tailbatch_autoscaler_desired_replicas, and the
+// inputs it used on /metrics, labelled {pipeline="classify"} like the Pipeline's series.
+//
 // Threads, and who owns them:
 //   * --io-threads I/O threads (this program's; the main thread is one of them) run every
 //     socket operation, parse requests, submit to tailbatch and write responses. Each
@@ -21,10 +27,13 @@
 //   * The ContinuousBatcher owns one decode thread, which runs the generator.
 //   * A warm-up thread lives until the server is ready; on SIGTERM a drain thread shuts
 //     the Pipeline and the batcher down and stops the I/O threads.
+//   * The Autoscaler has no thread: its timer's handler runs on an I/O thread, on the
+//     strand of the acceptor and the signal handler, so the drain cancels it safely.
 //
 // docs/serving.md describes the status mapping, the headers, draining and readiness.
 #include "request_decoding.hpp"
 
+#include <tailbatch/autoscaler.hpp>
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/concurrency_limiter.hpp>
 #include <tailbatch/continuous_batcher.hpp>
@@ -46,6 +55,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
@@ -57,10 +67,12 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -108,7 +120,11 @@ struct Options {
   unsigned warmup_rounds = 2;
   unsigned drain_timeout_ms = 5000;
   unsigned stats_window_s = 60;
-  double slo_p95_ms = 100.0;  // drawn on the dashboard; reported in /v1/stats
+  double slo_p95_ms = 100.0;  // drawn on the dashboard; reported in /v1/stats; the Autoscaler's SLO
+
+  double autoscale_interval_s = 5.0;  // 0: no Autoscaler
+  double capacity_rps = 0.0;          // per replica; 0: measured by the warm-up
+  int replicas = 1;                   // the fleet this replica sees itself in (--replicas, TAILBATCH_REPLICAS)
 
   std::size_t gen_max_active = 16;
   std::size_t gen_queue_capacity = 256;
@@ -211,6 +227,8 @@ class Server {
   void accept();
   void begin_drain();
   void warm_up();
+  void schedule_autoscale();
+  void autoscale_tick();
   void classify(const std::shared_ptr<Connection>& c, const http::request<http::string_body>& req);
   void generate(const std::shared_ptr<Connection>& c, const http::request<http::string_body>& req);
   std::string stats_json();
@@ -258,6 +276,18 @@ class Server {
   asio::signal_set signals_;
   std::thread warmup_thread_;
   std::thread drain_thread_;
+
+  // The Autoscaler and its timer: used only on accept_strand_ (the timer's handler and the
+  // drain's cancel), so one evaluator at a time. Made at the first tick after warm-up,
+  // when the capacity is known.
+  asio::steady_timer autoscale_timer_;
+  std::unique_ptr<tb::Autoscaler> autoscaler_;
+  std::optional<tb::PipelineOccupancy> autoscale_last_;  // the interval's start
+  std::uint64_t autoscale_last_submitted_ = 0;
+  bool autoscale_off_ = false;
+  // Requests per second one lane ran in the warm-up's fastest full batch, times the lanes;
+  // written by the warm-up thread before ready_ (release), read after it (acquire).
+  double measured_capacity_rps_ = 0.0;
 };
 
 // One client connection. Every member runs on the connection's strand; the completion
@@ -665,7 +695,8 @@ Server::Server(const Options& o)
       token_rate_(10),
       accept_strand_(asio::make_strand(ioc_)),
       acceptor_(accept_strand_),
-      signals_(accept_strand_, SIGINT, SIGTERM) {
+      signals_(accept_strand_, SIGINT, SIGTERM),
+      autoscale_timer_(accept_strand_) {
   limits_.max_generate_tokens = o.gen_max_tokens;
   tb::PipelineConfig<std::string> pc;
   pc.queue_capacity = o.queue_capacity;
@@ -980,10 +1011,14 @@ void Server::accept() {
 void Server::warm_up() {
   // Batches of every size up to max_batch, each a few times, through the Pipeline: every
   // shape the model will see runs once before the server says it is ready.
+  // The rounds of full batches are timed: the fastest, over its size and times the lanes,
+  // is the capacity the Autoscaler plans with unless --capacity-rps says otherwise.
   std::mutex mu;
   std::condition_variable cv;
+  double fastest_full_s = 0.0;
   for (std::size_t size = 1; size <= opt_.max_batch && !draining(); ++size) {
     for (unsigned round = 0; round < opt_.warmup_rounds && !draining(); ++round) {
+      const auto round_start = std::chrono::steady_clock::now();
       std::size_t left = size;
       for (std::size_t i = 0; i < size; ++i) {
         pipeline_->submit("warm-up text " + std::to_string(i) + " of a batch of " + std::to_string(size),
@@ -994,7 +1029,12 @@ void Server::warm_up() {
       }
       std::unique_lock lock(mu);
       cv.wait(lock, [&] { return left == 0; });
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - round_start).count();
+      if (size == opt_.max_batch && took > 0.0 && (fastest_full_s == 0.0 || took < fastest_full_s)) fastest_full_s = took;
     }
+  }
+  if (fastest_full_s > 0.0) {
+    measured_capacity_rps_ = static_cast<double>(opt_.max_batch) * static_cast<double>(opt_.lanes) / fastest_full_s;
   }
   admission_.set_warming(false);
   ready_.store(true, std::memory_order_release);
@@ -1007,6 +1047,7 @@ void Server::begin_drain() {
   std::fprintf(stderr, "tailbatch-serve: draining (up to %u ms)\n", opt_.drain_timeout_ms);
   beast::error_code ignored;
   acceptor_.close(ignored);
+  autoscale_timer_.cancel();  // on accept_strand_, like the timer's handler
   drain_thread_ = std::thread([this] {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(opt_.drain_timeout_ms) + 1s;
     // Queued and running work finishes (or is answered shutting_down) within the drain timeout.
@@ -1030,6 +1071,85 @@ void Server::begin_drain() {
   });
 }
 
+void Server::schedule_autoscale() {
+  const auto interval = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(opt_.autoscale_interval_s));
+  autoscale_timer_.expires_after(interval);
+  autoscale_timer_.async_wait([this](beast::error_code ec) {
+    if (ec || draining() || autoscale_off_) return;  // cancelled by the drain
+    autoscale_tick();
+    if (!autoscale_off_) schedule_autoscale();
+  });
+}
+
+// On accept_strand_. This replica's readings over the interval since the last tick: the
+// arrival rate (every submit to the Pipeline, rejected ones included: demand the replica
+// saw), the time-averaged queue depth and in-flight and the mean latency from the
+// Pipeline's occupancy integrals (so the Little's-law check compares averages of one
+// window), and the p95 of the classify route from the edge histogram (arrival to
+// response, --stats-window-s). Nothing is evaluated before the replica is ready: the
+// warm-up's batches are not load.
+void Server::autoscale_tick() {
+  const tb::PipelineOccupancy occ = pipeline_->occupancy();
+  const std::uint64_t submitted = pipeline_->stats().submitted;
+  const auto restart = [&] {
+    autoscale_last_ = occ;
+    autoscale_last_submitted_ = submitted;
+  };
+  if (!ready()) return restart();
+  try {
+    if (!autoscaler_) {
+      tb::AutoscalerConfig ac;
+      ac.capacity_rps = opt_.capacity_rps > 0.0 ? opt_.capacity_rps : measured_capacity_rps_;
+      if (!(std::isfinite(ac.capacity_rps) && ac.capacity_rps > 0.0)) {
+        std::fprintf(stderr, "tailbatch-serve: no capacity measured in the warm-up; the Autoscaler is off "
+                             "(set --capacity-rps)\n");
+        autoscale_off_ = true;
+        return;
+      }
+      ac.slo_p95 = std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::duration<double, std::milli>(opt_.slo_p95_ms));
+      ac.max_replicas = std::max(ac.max_replicas, opt_.replicas);
+      // HPA's stabilisation windows stay (they only compare recommendations), its rate
+      // limits go: they count the replicas added or removed within a period against the
+      // count passed in, and this replica's view of the fleet (--replicas) does not follow
+      // what the orchestrator did. The HPA or KEDA object that follows this gauge applies
+      // them to the replicas really running (deploy/kubernetes/).
+      ac.behavior.scale_up.policies.clear();
+      ac.behavior.scale_down.policies.clear();
+      ac.metrics = &registry_;
+      ac.metric_labels = {{"pipeline", "classify"}};
+      autoscaler_ = std::make_unique<tb::Autoscaler>(ac);
+      std::fprintf(stderr,
+                   "tailbatch-serve: autoscaler every %g s, capacity %.0f requests/s per replica (%s), "
+                   "%d replica(s), p95 SLO %g ms\n",
+                   opt_.autoscale_interval_s, ac.capacity_rps,
+                   opt_.capacity_rps > 0.0 ? "--capacity-rps" : "measured in the warm-up", opt_.replicas,
+                   opt_.slo_p95_ms);
+      return restart();
+    }
+    if (!autoscale_last_) return restart();
+    const tb::OccupancyWindow w = tb::occupancy_between(*autoscale_last_, occ);
+    const double seconds = std::chrono::duration<double>(w.window).count();
+    if (!(seconds > 0.0)) return;
+    tb::ReplicaSignals mine;
+    const std::uint64_t arrived = submitted >= autoscale_last_submitted_ ? submitted - autoscale_last_submitted_ : 0;
+    mine.arrival_rps = static_cast<double>(arrived) / seconds;
+    mine.queue_depth = w.mean_queued;
+    mine.in_flight = w.mean_executing;
+    mine.mean_latency = w.mean_latency;
+    const tb::HistogramSnapshot recent = classify_latency_->snapshot();
+    if (recent.count() > 0) mine.p95 = recent.percentile(95);
+    restart();
+    // The fleet as this replica sees it: --replicas replicas, each loaded like this one
+    // (a load balancer spreads requests evenly), so that the decision is for the fleet.
+    const std::vector<tb::ReplicaSignals> fleet(static_cast<std::size_t>(opt_.replicas), mine);
+    (void)autoscaler_->evaluate(std::chrono::steady_clock::now(), opt_.replicas, fleet);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tailbatch-serve: autoscaler evaluation failed: %s\n", e.what());
+  }
+}
+
 int Server::run() {
   const auto address = asio::ip::make_address(opt_.host);
   const tcp::endpoint endpoint(address, static_cast<unsigned short>(opt_.port));
@@ -1046,6 +1166,7 @@ int Server::run() {
   });
   accept();
   warmup_thread_ = std::thread([this] { warm_up(); });
+  if (opt_.autoscale_interval_s > 0.0) asio::dispatch(accept_strand_, [this] { schedule_autoscale(); });
 
   std::vector<std::thread> io;
   for (unsigned i = 1; i < opt_.io_threads; ++i) io.emplace_back([this] { ioc_.run(); });
@@ -1104,8 +1225,33 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--drain-timeout-ms", o.drain_timeout_ms, "On SIGTERM, how long in-flight work may take to finish")
       ->capture_default_str();
-  app.add_option("--slo-p95-ms", o.slo_p95_ms, "The p95 latency SLO drawn on /dashboard (and in /v1/stats), ms")
+  app.add_option("--slo-p95-ms", o.slo_p95_ms,
+                 "The p95 latency SLO, ms: drawn on /dashboard, in /v1/stats, and the Autoscaler's latency trigger "
+                 "(a p95 at 80 % of it asks for one more replica)")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--autoscale-interval-s", o.autoscale_interval_s,
+                 "Evaluate the Autoscaler this often (seconds, fractions allowed) and export its decision, "
+                 "tailbatch_autoscaler_desired_replicas, and its inputs on /metrics; 0: off")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->check(CLI::Validator(
+          [](const std::string& v) -> std::string {
+            const double s = std::strtod(v.c_str(), nullptr);
+            return s == 0.0 || s >= 0.01 ? std::string() : "must be 0 (off) or at least 0.01";
+          },
+          "0 or >= 0.01"))
+      ->capture_default_str();
+  app.add_option("--capacity-rps", o.capacity_rps,
+                 "Classify requests per second one replica serves within its SLO (tailbatch-plan's instance_rps, or "
+                 "tailbatch-load --url's saturation point); the Autoscaler plans 70 % of it. 0: the warm-up's fastest "
+                 "full batch times the lanes, an upper bound from the model alone")
+      ->check(CLI::Range(0.0, 1e9))
+      ->capture_default_str();
+  app.add_option("--replicas", o.replicas,
+                 "Replicas the fleet runs, as this replica sees it: the Autoscaler decides for that many replicas "
+                 "each loaded like this one")
+      ->envname("TAILBATCH_REPLICAS")
+      ->check(CLI::Range(1, 10000))
       ->capture_default_str();
   app.add_option("--stats-window-s", o.stats_window_s, "Window of the latency percentiles in /v1/stats and /metrics")
       ->check(CLI::Range(1u, 3600u))

@@ -1,8 +1,10 @@
 // Prints the Prometheus exposition of the components a tailbatch server runs, all on one
-// MetricsRegistry as tailbatch-serve has them: a Pipeline behind a ConcurrencyLimiter (a
-// learning one, so that every limiter family exists) and an Autoscaler, after a little
-// traffic and one evaluation. tests/deploy.cmake checks that every metric name the
-// Kubernetes manifests under deploy/kubernetes/ reference is one of these.
+// MetricsRegistry with tailbatch-serve's labels: a Pipeline ({pipeline="classify"}) behind
+// a ConcurrencyLimiter ({route="classify"}; a learning one, so that every limiter family
+// exists) and an Autoscaler ({pipeline="classify"}), after a little traffic and one
+// evaluation. tests/deploy/check_manifests.py reads tailbatch-serve's live /metrics; this
+// program stands in only where the server cannot be built (no Boost, nlohmann-json or
+// CLI11).
 #include <tailbatch/autoscaler.hpp>
 #include <tailbatch/concurrency_limiter.hpp>
 #include <tailbatch/limit_algorithms.hpp>
@@ -18,11 +20,11 @@
 int main() {
   using namespace std::chrono_literals;
   tailbatch::MetricsRegistry registry;
-  const tailbatch::Labels labels{{"model", "classifier"}};
+  const tailbatch::Labels labels{{"pipeline", "classify"}};
 
   tailbatch::LimiterConfig lo;
   lo.metrics = &registry;
-  lo.metric_labels = labels;
+  lo.metric_labels = {{"route", "classify"}};
   using Limiter = tailbatch::ConcurrencyLimiter<tailbatch::GradientLimit>;
   Limiter limiter(tailbatch::GradientLimit{}, lo);
 
