@@ -346,6 +346,30 @@ TEST_CASE("AdaptiveWindow: a backlog the target cannot drain within the SLO goes
   CHECK(flat.decide(view_of(queue, clock.now())).count == 1);
 }
 
+TEST_CASE("AdaptiveWindow: a rise in load the plan has not caught up with: the target keeps up with the counted rate",
+          "[adaptive]") {
+  ManualClock clock;
+  const AdaptiveWindow p(config());
+  drive_arrivals(p, clock, 1500, 20ms);  // 50 requests/s
+  teach(p, example1_cost, 64, 16, clock.now());
+  const AdaptivePlan low = p.plan();
+  REQUIRE(low.rate_rps == Approx(50.0).epsilon(0.05));
+  REQUIRE(low.batch < 8);
+  drive_arrivals(p, clock, 100, 2222us);  // 450 requests/s, and no feedback yet
+  CHECK(p.plan().rate_rps == low.rate_rps);  // the plan is still the one for 50/s
+  const double rate = p.rate_rps(clock.now());
+  REQUIRE(rate > 300.0);
+  // The smallest size that keeps two lanes at most 90 % busy at the counted rate.
+  std::size_t keep = 1;
+  while (keep < 64 && rate * std::chrono::duration<double>(example1_cost(keep)).count() > 1.8 * static_cast<double>(keep))
+    ++keep;
+  const auto one = queue_of(1, clock.now(), 1ms);
+  const BatchDecision d = p.decide(view_of(one, clock.now()));
+  CHECK(d.count == 0);
+  CHECK(d.decide_again_at_queued == keep);
+  CHECK(keep > low.batch);
+}
+
 TEST_CASE("AdaptiveWindow: planning is done in bounded slices; the plan in force holds until it ends", "[adaptive]") {
   ManualClock clock;
   MetricsRegistry reg;
