@@ -2,10 +2,6 @@
 // executed batch (BatchFeedbackPolicy) and fills BatchView::lanes/idle_lanes, and the
 // policy learns the model that really ran. No time is asserted: only that the learned
 // cost is the sleeping model's, within 10 %, and that every request completed ok.
-//
-// Not built yet (the file name keeps it out of the tests/test_*.cpp glob): it needs the
-// Pipeline to call on_batch_executed. Once it does, rename it to
-// tests/test_adaptive_pipeline.cpp.
 #include <tailbatch/adaptive_window.hpp>
 #include <tailbatch/pipeline.hpp>
 

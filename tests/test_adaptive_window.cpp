@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <stdexcept>
@@ -313,24 +314,80 @@ TEST_CASE("AdaptiveWindow: never holds a request past what the SLO allows", "[ad
   }
 }
 
-TEST_CASE("AdaptiveWindow: a backlog goes in one batch up to the cap, only where larger batches pay",
+TEST_CASE("AdaptiveWindow: a backlog the target cannot drain within the SLO goes in larger batches, only where they pay",
           "[adaptive]") {
   ManualClock clock;
   const AdaptiveWindow gain(config(150ms, 64));
   drive_arrivals(gain, clock, 2000, 10ms);  // 100 requests/s: a small target
-  teach(gain, example1_cost, 64, 4, clock.now());
+  teach(gain, example1_cost, 64, 16, clock.now());
   const std::size_t target = gain.plan().batch;
   REQUIRE(target < 20);
-  auto backlog = queue_of(3 * target, clock.now(), 100us);
-  CHECK(gain.decide(view_of(backlog, clock.now())).count == backlog.size());
+  // Twice the target drains in time in batches of the target: the target goes.
+  auto some = queue_of(2 * target, clock.now(), 100us);
+  CHECK(gain.decide(view_of(some, clock.now())).count == target);
+  // 64 queued would take rounds of target-sized batches past the SLO: a larger batch goes,
+  // the smallest whose rounds on the two lanes end within the SLO less the oldest's 6.3 ms
+  // of waiting and a tenth of the SLO (128.7 ms).
+  auto backlog = queue_of(64, clock.now(), 100us);
+  const BatchDecision d = gain.decide(view_of(backlog, clock.now()));
+  CHECK(d.count > target);
+  CHECK(d.count < 64);
+  const double rounds = std::ceil(64.0 / (2.0 * static_cast<double>(d.count)));
+  CHECK(rounds * gain.estimate_seconds(d.count) <= 0.1287 + 1e-9);
+  const double smaller = std::ceil(64.0 / (2.0 * static_cast<double>(d.count - 1)));
+  CHECK(smaller * gain.estimate_seconds(d.count - 1) > 0.1287 - 1e-9);
 
   // Batching buys nothing (L(b) = 2 ms x b): one at a time, whatever the queue.
   const AdaptiveWindow flat(config(100ms, 16));
   drive_arrivals(flat, clock, 2000, 1250us);  // 800 requests/s on two lanes
-  teach(flat, [](std::size_t b) { return 2ms * static_cast<std::int64_t>(b); }, 16, 4, clock.now());
+  teach(flat, [](std::size_t b) { return 2ms * static_cast<std::int64_t>(b); }, 16, 16, clock.now());
   REQUIRE(flat.plan().batch == 1);
   auto queue = queue_of(10, clock.now(), 100us);
   CHECK(flat.decide(view_of(queue, clock.now())).count == 1);
+}
+
+TEST_CASE("AdaptiveWindow: a rise in load the plan has not caught up with: the target keeps up with the counted rate",
+          "[adaptive]") {
+  ManualClock clock;
+  const AdaptiveWindow p(config());
+  drive_arrivals(p, clock, 1500, 20ms);  // 50 requests/s
+  teach(p, example1_cost, 64, 16, clock.now());
+  const AdaptivePlan low = p.plan();
+  REQUIRE(low.rate_rps == Approx(50.0).epsilon(0.05));
+  REQUIRE(low.batch < 8);
+  drive_arrivals(p, clock, 100, 2222us);  // 450 requests/s, and no feedback yet
+  CHECK(p.plan().rate_rps == low.rate_rps);  // the plan is still the one for 50/s
+  const double rate = p.rate_rps(clock.now());
+  REQUIRE(rate > 300.0);
+  // The smallest size that keeps two lanes at most 90 % busy at the counted rate.
+  std::size_t keep = 1;
+  while (keep < 64 && rate * std::chrono::duration<double>(example1_cost(keep)).count() > 1.8 * static_cast<double>(keep))
+    ++keep;
+  const auto one = queue_of(1, clock.now(), 1ms);
+  const BatchDecision d = p.decide(view_of(one, clock.now()));
+  CHECK(d.count == 0);
+  CHECK(d.decide_again_at_queued == keep);
+  CHECK(keep > low.batch);
+}
+
+TEST_CASE("AdaptiveWindow: planning is done in bounded slices; the plan in force holds until it ends", "[adaptive]") {
+  ManualClock clock;
+  MetricsRegistry reg;
+  AdaptiveWindowConfig c = config();
+  c.metrics = &reg;
+  const AdaptiveWindow p(c);
+  drive_arrivals(p, clock, 2000, 3333us);  // 300 requests/s
+  // The first feedback starts a plan; one call does not finish the whole grid.
+  p.on_batch_executed(feedback(8, example1_cost(8), clock.now()));
+  CHECK(p.plan().rate_rps == 0.0);  // cold start: still no plan
+  int calls = 1;
+  while (p.plan().rate_rps == 0.0 && calls < 1000) {
+    p.on_batch_executed(feedback(8, example1_cost(8), clock.now()));
+    ++calls;
+  }
+  CHECK(calls > 1);
+  CHECK(calls < 200);
+  CHECK(p.plan().rate_rps == Approx(300.0).epsilon(0.05));
 }
 
 TEST_CASE("AdaptiveWindow: copies share what they learned", "[adaptive]") {

@@ -9,7 +9,8 @@
 //     sizes it has seen and extrapolated beyond them by a weighted least-squares line;
 //   * the arrival rate, by counting the requests queued and dispatched (stamped with the
 //     newest arrival when the view shows the whole queue), over the last 1024 arrivals
-//     or, when the last 64 tell of a change of load, over those since the change;
+//     or, when the last 64 tell of a change of load (against the count since the last
+//     change), over those since the change, counted from 16 arrivals before it was seen;
 //   * the queue's and the lanes' state, from each BatchView (candidates, queued, lanes).
 //
 // From these it plans, and re-plans whenever the rate moves by more than 4 % or the cost
@@ -18,24 +19,39 @@
 // through a small discrete-event model of the lanes (6000 Poisson arrivals at the
 // estimated rate, served in the learned times), and the pair with the lowest predicted
 // p95 (or p99, when a p99 target is set and is the tighter) is put in force. Plans are
-// remembered per rate, so a load that comes back costs nothing to plan again. Planning
-// runs in on_batch_executed, never in decide(): about 15-20 ms of CPU per plan (Release;
-// a steady load needs a handful, a 20 s run at 450 requests/s eight), during which the
-// batch that reported is not yet completed (the Pipeline reports before completing).
+// remembered per rate, so a load that comes back costs nothing to plan again.
+//
+// Planning cost, and its bound. Planning runs in on_batch_executed, never in decide(),
+// and in slices: one call advances the plan in the making by at most plan_slice (8192)
+// simulated requests, plus one percentile selection over 5400 latencies when a candidate
+// ends, and the plan in force stays in force until the new one is done. That is the
+// bound: O(plan_slice + max_batch) per call, about 50 µs of CPU while a plan is in the
+// making and 2 µs otherwise (bench_adaptive, Release, 2 shared vCPUs), against about
+// 7.5-16 ms for the whole grid in one call (BM_AdaptiveWindow_FullPlan). The search is
+// exact but cut short where it cannot change the answer: the nearest rate's plan is tried
+// first, a candidate is abandoned once more of its requests exceed the best objective so
+// far than its percentile allows, a candidate that would play out exactly as one already
+// run (a longer window where the window never closed a batch, a larger size where the
+// size never did) is skipped, and so are sizes that cannot keep up with the rate. A plan
+// takes about 10-40 calls; one made for a rate the load has left by more than 25 % is
+// dropped for the plan of the rate now.
 //
 // decide() then closes a batch:
 //
 //   target_size  the queue holds the plan's batch size (it takes that many);
 //   window       the oldest request has waited the plan's window;
-//   backlog      the queue holds twice the target or more and a larger batch is cheaper
-//                per request (a rise in load the plan has not caught up with yet): all of
-//                it goes, up to the cap;
+//   backlog      the queue holds more than rounds of target-sized batches on every lane
+//                run within the SLO (less what the oldest has waited and a tenth of the
+//                SLO), and a larger batch is cheaper per request: the smallest size that
+//                does drain it in time goes (the cap if none does);
 //   max_batch    the queue holds the hard cap;
 //   slo_guard    holding the oldest request any longer would leave less than its batch's
 //                cost plus a tenth of the SLO before the SLO (p95 target, or p99 if tighter);
 //   flush        the Pipeline drains.
-// At light load the plan is a zero or short window: a request goes to an idle lane at
-// once. Near capacity it is the window and size that keep up with the load at the lowest
+// While the plan in force was made for a rate well below the one counted now (by 25 %),
+// the target is at least the size that keeps the lanes 90 % busy at the counted rate, until
+// the new plan is done. At light load the plan is a zero or short window: a request goes
+// to an idle lane at once. Near capacity it is the window and size that keep up with the load at the lowest
 // tail, which is the most throughput the cap allows when nothing else does.
 //
 // Before any feedback (cold start) the policy dispatches at once whatever is queued, as a
@@ -45,8 +61,9 @@
 // a shared handle: copies of a policy share one learned model (the Pipeline copies the
 // policy it is given; keep a copy to read cost_model() and rate_rps()). Every member is
 // const and noexcept as BatchPolicy requires, and none allocates; decide() takes the
-// internal lock for well under a microsecond of work, on_batch_executed() for the refit
-// (O(max_batch)) and, when the rate or the model moved, a plan; so they may be called from
+// internal lock for well under a microsecond of work (O(max_batch) while the plan is
+// stale or a backlog is sized), on_batch_executed() for the refit (O(max_batch)) and a
+// slice of planning (see above); so they may be called from
 // any threads at once. Everything it reads about time comes from the views
 // and the feedback, never from a clock: on the ManualClock (or in the simulator) its
 // decisions are exactly reproducible.
@@ -89,7 +106,7 @@ enum class AdaptiveCloseReason : std::uint8_t {
   target_size,  // the queue held the size the current load calls for
   window,       // the oldest request waited as long as the target takes to fill
   slo_guard,    // waiting longer would break the SLO for the oldest request
-  backlog,      // the queue held twice the target or more: all of it went, up to the cap
+  backlog,      // more was queued than the target drains within the SLO: a larger batch went
   flush,        // the Pipeline drains
 };
 inline constexpr std::size_t adaptive_close_reason_count = 6;
@@ -153,6 +170,9 @@ class AdaptiveState {
   static constexpr std::uint64_t slow_span = 1024;
   static constexpr std::uint64_t fast_span = 64;
   static constexpr double rate_jump = 0.5;
+  // After a change the rate is counted from this many arrivals back (most of the fast
+  // span's arrivals came before the change was seen), over a span that grows from there.
+  static constexpr std::uint64_t change_span = 16;
   static constexpr std::size_t checkpoint_capacity = 2048;
   // A sample above this multiple of its size's mean is clipped to it (a stall, a page
   // fault) once the size has enough samples to trust its mean.
@@ -163,13 +183,22 @@ class AdaptiveState {
   static constexpr double cost_drift = 0.03;
   // Requests in the planning simulation (the first tenth is its warm-up).
   static constexpr std::size_t plan_requests = 6000;
+  // A call advances a plan in the making by at most this many simulated requests (and
+  // one batch): the bound on planning work per on_batch_executed.
+  static constexpr std::size_t plan_slice = 8192;
   // Window candidates, as fractions of a batch of one's cost.
   static constexpr std::array<double, 12> window_grid = {0.0,   0.025, 0.05, 0.1, 0.15, 0.25,
                                                          0.4,   0.5,   0.75, 1.0, 1.5,  2.0};
   static constexpr std::size_t max_plan_lanes = 256;
   static constexpr std::size_t cache_size = 32;
-  // A queue this many times the target is a backlog (see decide).
-  static constexpr std::size_t backlog_factor = 2;
+  // A plan made for a rate this many times below the one counted now is stale; until the
+  // new one is in force the target is at least the size that keeps the lanes at most
+  // keep_up_load busy at the counted rate.
+  static constexpr double stale_rise = 1.25;
+  static constexpr double keep_up_load = 0.9;
+  // The queue in a view is read as a rate (see decide) from this many requests up.
+  static constexpr std::size_t view_rate_min = 8;
+  static constexpr double view_rise = 2.0;
 
   explicit AdaptiveState(const AdaptiveWindowConfig& c)
       : slo_p95_(c.slo_p95), slo_p99_(c.slo_p99), cap_(c.max_batch), sizes_(c.max_batch + 1), table_(c.max_batch + 1, 0.0) {
@@ -195,6 +224,10 @@ class AdaptiveState {
     }
     latencies_.resize(plan_requests);
     lane_free_.resize(max_plan_lanes);
+    job_table_.resize(c.max_batch + 1);
+    job_latencies_.resize(plan_requests);
+    job_lane_free_.resize(max_plan_lanes);
+    job_window_free_.resize(batch_grid_.size());
     if (c.metrics != nullptr) register_metrics(*c.metrics, c.metric_labels);
   }
 
@@ -228,17 +261,39 @@ class AdaptiveState {
     lanes_ = std::clamp<std::size_t>(v.lanes, 1, max_plan_lanes);
     if (n == 0) return BatchDecision::wait(BatchTime::max(), 1);
     // Cold start: no plan yet, so nothing is held.
-    const std::size_t target = planned_ ? std::min(plan_.batch, cap_) : cap_;
+    std::size_t target = planned_ ? std::min(plan_.batch, cap_) : cap_;
     const BatchDuration window = planned_ ? plan_.window : BatchDuration::zero();
-    // A backlog (twice the target or more, after a rise in load the plan has not caught
-    // up with): where a larger batch is cheaper per request, it all goes, up to the cap,
-    // which drains it at the best throughput. (Where batching buys nothing, larger
-    // batches would only take work away from the other lanes.)
-    if (planned_ && n >= backlog_factor * target) {
-      const std::size_t all = std::min(n, cap_);
-      if (cost(all) * static_cast<double>(target) < 0.8 * cost(target) * static_cast<double>(all)) {
-        return close(v, all, DispatchReason::size,
-                     all == cap_ ? AdaptiveCloseReason::max_batch : AdaptiveCloseReason::backlog);
+    const BatchDuration slo = slo_p99_ > BatchDuration::zero() ? std::min(slo_p95_, slo_p99_) : slo_p95_;
+    if (planned_) {
+      // A rise in load the plan has not caught up with yet (it was made for well under the
+      // rate counted now): no smaller than the size that keeps up with the counted rate,
+      // until the plan for it is in force.
+      double r = rate_at(v.now);
+      // The queue tells of a rise before the count does: n requests that arrived within
+      // the oldest one's wait came at (n - 1) / wait at least.
+      if (n >= view_rate_min) {
+        const double waited = std::chrono::duration<double>(v.now - window_start(v.candidates)).count();
+        const double seen = waited > 0.0 ? static_cast<double>(n - 1) / waited : 0.0;
+        if (seen > view_rise * plan_.rate_rps) r = std::max(r, seen);
+      }
+      if (r > stale_rise * plan_.rate_rps) {
+        const std::size_t keep = keep_up_size(r);
+        if (keep > target && cost(keep) * static_cast<double>(target) < 0.8 * cost(target) * static_cast<double>(keep))
+          target = keep;
+      }
+      // A backlog: more queued than batches of the target can drain within the SLO on
+      // the lanes there are. Where larger batches are cheaper per request, close the
+      // smallest size that does drain it (the cap if none does). (Where batching buys
+      // nothing, larger batches would only take work away from the other lanes.)
+      const std::size_t queued = std::max(v.queued, n);
+      if (queued > target) {
+        const BatchDuration age = v.now - window_start(v.candidates);
+        const std::size_t s = drain_size(queued, target, slo - std::max(age, BatchDuration::zero()));
+        if (s > target && cost(s) * static_cast<double>(target) < 0.8 * cost(target) * static_cast<double>(s)) {
+          const std::size_t take = std::min(s, n);
+          return close(v, take, DispatchReason::size,
+                       take == cap_ ? AdaptiveCloseReason::max_batch : AdaptiveCloseReason::backlog);
+        }
       }
     }
     if (n >= target) {
@@ -250,7 +305,6 @@ class AdaptiveState {
     const BatchTime window_end = saturating_add(oldest, window);
     // The latest the oldest request may start: its SLO less the cost of the batch it
     // would run in, less a tenth of the SLO kept for what happens outside the lane.
-    const BatchDuration slo = slo_p99_ > BatchDuration::zero() ? std::min(slo_p95_, slo_p99_) : slo_p95_;
     const BatchDuration hold_max = slo - to_duration(cost(target)) - slo / 10;
     const BatchTime guard = saturating_add(oldest, std::max(hold_max, BatchDuration::zero()));
     if (v.now >= guard) return close(v, n, DispatchReason::deadline, AdaptiveCloseReason::slo_guard);
@@ -316,7 +370,32 @@ class AdaptiveState {
     std::uint64_t epoch = 0;
     std::size_t lanes = 0;
     AdaptivePlan plan{};
+    std::size_t wi = 0, bi = 0;  // its cell of the grid
     bool used = false;
+  };
+  // A plan in the making (see start_job); it advances by at most plan_slice simulated
+  // requests per call.
+  struct PlanJob {
+    bool active = false;
+    bool any_feasible = false;
+    bool running = false;  // a candidate's simulation is under way
+    double rate = 0.0;
+    std::int64_t bucket = 0;
+    std::uint64_t epoch = 0;
+    std::size_t lanes = 1;
+    std::size_t order_first = 0;  // the candidate tried first (the plan in force)
+    std::size_t next = 0;         // candidates begun
+    std::size_t index = 0, b = 1;  // the candidate running, and its size and window
+    double w = 0.0;
+    bool window_mattered = false, size_mattered = false;
+    // The first window index from which, for a size, every longer window plays out the
+    // same (job_window_free_); likewise per window the first size index (size_free).
+    std::array<std::size_t, window_grid.size()> size_free{};
+    std::size_t h = 0;  // requests simulated so far
+    std::size_t over95 = 0, over99 = 0;
+    AdaptivePlan best{};
+    double best_score = std::numeric_limits<double>::infinity();
+    std::size_t best_index = 0;
   };
   struct Metrics {
     Gauge* intercept = nullptr;
@@ -352,6 +431,28 @@ class AdaptiveState {
   // The modelled cost of a batch of b (1 <= b <= cap), seconds; 0 before any feedback.
   double cost(std::size_t b) const noexcept { return table_[b]; }
 
+  // The smallest size whose batches keep the lanes at most keep_up_load busy at `rate`
+  // (1 when none does: then no size keeps up, and a larger one would only add its cost).
+  // O(max_batch).
+  std::size_t keep_up_size(double rate) const noexcept {
+    for (std::size_t b = 1; b <= cap_; ++b)
+      if (rate * cost(b) <= keep_up_load * static_cast<double>(lanes_) * static_cast<double>(b)) return b;
+    return 1;
+  }
+
+  // The smallest size from `target` up whose batches, on every lane, run `queued`
+  // requests within `budget` less a tenth of the SLO (rounds of batches times a batch's
+  // cost); the cap when none does. O(max_batch).
+  std::size_t drain_size(std::size_t queued, std::size_t target, BatchDuration left) const noexcept {
+    const double budget = std::chrono::duration<double>(left).count() - 0.1 * std::chrono::duration<double>(slo_p95_).count();
+    for (std::size_t s = target; s <= cap_; ++s) {
+      const std::size_t per_round = s * lanes_;
+      const auto rounds = static_cast<double>((queued + per_round - 1) / per_round);
+      if (rounds * cost(s) <= budget) return s;
+    }
+    return cap_;
+  }
+
   // Counts arrivals: the requests queued now plus those it has dispatched, a running
   // total that needs no arrival stamps (so a backlog hiding the newest requests from the
   // view does not hide them from the count). Each change is kept as a checkpoint (time,
@@ -378,9 +479,14 @@ class AdaptiveState {
       first_checkpoint_ = (first_checkpoint_ + 1) % checkpoints_.size();
     }
     // A change of load: the slow estimate forgets what came before the fast one's span.
-    const double slow = rate_over(v.now, slow_span), fast = rate_over(v.now, fast_span);
+    // It is compared with the slow estimate of the load in force (since the last change),
+    // so that after a change the estimate settles over a growing span instead of being
+    // reset to the fast one's while older arrivals are still in the slow one's.
+    const std::uint64_t since = total - std::min(total, regime_start_);
+    const double slow = rate_over(v.now, std::min(slow_span, std::max(since, fast_span)));
+    const double fast = rate_over(v.now, fast_span);
     if (slow > 0.0 && fast > 0.0 && std::abs(fast - slow) > rate_jump * slow)
-      regime_start_ = total > fast_span ? total - fast_span : 0;
+      regime_start_ = total > change_span ? total - change_span : 0;
     if (m_.rate != nullptr) m_.rate->set(rate_at(v.now));
   }
 
@@ -416,7 +522,7 @@ class AdaptiveState {
   double rate_at(BatchTime now, std::uint64_t* counted = nullptr) const noexcept {
     const std::uint64_t since = counted_ - std::min(counted_, regime_start_);
     const double fast = rate_over(now, fast_span, counted);
-    if (since <= fast_span) return fast;
+    if (since <= fast_span) return rate_over(now, std::max(since, change_span), counted);
     std::uint64_t slow_count = 0;
     const double slow = rate_over(now, std::min(slow_span, since), &slow_count);
     // Arrivals that stop (or surge) show in the fast count before the next arrival is
@@ -504,65 +610,226 @@ class AdaptiveState {
   }
 
   // Makes sure the plan in force is for the current rate bucket, lanes and cost epoch:
-  // from the cache, or by planning.
+  // from the cache at once, or by a planning job that runs in bounded slices, one per call
+  // (see advance_job). The plan in force stays in force until the job ends.
   void replan_if_stale(BatchTime now) noexcept {
+    std::size_t budget = plan_slice;
     const double rate = rate_at(now);
+    // A plan in the making for a rate the load has since left far behind is dropped: the
+    // one for the rate now is started instead.
+    if (job_.active && rate > 0.0 && std::abs(rate - job_.rate) > (stale_rise - 1.0) * job_.rate) job_.active = false;
+    if (job_.active) {
+      advance_job(budget);
+      if (job_.active) return;
+    }
     if (rate <= 0.0 || epoch_ == 0) return;
     const std::int64_t bucket = bucket_of(rate);
     if (planned_ && bucket == plan_bucket_ && epoch_ == plan_epoch_ && lanes_ == plan_lanes_) return;
     for (const Cached& c : cache_) {
       if (c.used && c.bucket == bucket && c.epoch == epoch_ && c.lanes == lanes_) {
-        adopt(c.plan, bucket);
+        adopt(c.plan, bucket, c.epoch, c.lanes, c.wi, c.bi);
         return;
       }
     }
-    const AdaptivePlan p = best_plan(std::pow(rate_step, static_cast<double>(bucket) + 0.5));
-    Cached& slot = cache_[next_slot_];
-    next_slot_ = (next_slot_ + 1) % cache_.size();
-    slot = Cached{bucket, epoch_, lanes_, p, true};
-    adopt(p, bucket);
-    if (m_.plans != nullptr) m_.plans->inc();
+    start_job(std::pow(rate_step, static_cast<double>(bucket) + 0.5), bucket);
+    advance_job(budget);
   }
 
-  void adopt(const AdaptivePlan& p, std::int64_t bucket) noexcept {
+  void adopt(const AdaptivePlan& p, std::int64_t bucket, std::uint64_t epoch, std::size_t lanes, std::size_t wi,
+             std::size_t bi) noexcept {
     plan_ = p;
     planned_ = true;
     plan_bucket_ = bucket;
-    plan_epoch_ = epoch_;
-    plan_lanes_ = lanes_;
+    plan_epoch_ = epoch;
+    plan_lanes_ = lanes;
+    plan_wi_ = wi;
+    plan_bi_ = bi;
     if (m_.target != nullptr) m_.target->set(static_cast<double>(p.batch));
     if (m_.window != nullptr) m_.window->set(std::chrono::duration<double>(p.window).count());
     if (m_.predicted != nullptr) m_.predicted->set(p.predicted_p95_s);
   }
 
-  // Every (window, size) candidate simulated at `rate` on the learned cost table; the one
-  // with the lowest objective wins: the p95 over its target, or the p99 over its target
-  // when a p99 target is set and that is worse. Ties go to the smaller window, then the
-  // smaller size.
-  AdaptivePlan best_plan(double rate) noexcept {
-    AdaptivePlan best;
-    best.batch = cap_;
-    best.rate_rps = rate;
-    double best_score = std::numeric_limits<double>::infinity();
-    const double p95_target = std::chrono::duration<double>(slo_p95_).count();
-    const double p99_target = std::chrono::duration<double>(slo_p99_).count();
-    for (const double wf : window_grid) {
-      const double w = wf * table_[1];
-      for (const std::size_t b : batch_grid_) {
-        double p95 = 0.0, p99 = 0.0;
-        simulate_fixed(rate, b, w, p95, p99);
-        double score = p95 / p95_target;
-        if (p99_target > 0.0) score = std::max(score, p99 / p99_target);
-        if (score < best_score * (1.0 - 1e-9)) {
-          best_score = score;
-          best.batch = b;
-          best.window = to_duration(w);
-          best.predicted_p95_s = p95;
-          best.predicted_p99_s = p99;
-        }
+  // A plan: every (window, size) candidate of the grid simulated at `rate` on a snapshot
+  // of the learned cost table; the one with the lowest objective wins: the p95 over its
+  // target, or the p99 over its target when a p99 target is set and that is worse. Ties go
+  // to the smaller window, then the smaller size. The search is exact but cut short where
+  // it cannot change the answer: the plan in force (its grid cell) is simulated first, a
+  // candidate is abandoned as soon as more of its requests exceed the best objective so
+  // far than the percentile allows, and sizes that cannot keep up with the rate on the
+  // lanes are skipped (when some size can).
+  void start_job(double rate, std::int64_t bucket) noexcept {
+    job_ = PlanJob{};
+    job_.active = true;
+    job_.rate = rate;
+    job_.bucket = bucket;
+    job_.epoch = epoch_;
+    job_.lanes = lanes_;
+    std::copy(table_.begin(), table_.end(), job_table_.begin());
+    // The first candidate sets the bound the others are cut short against: the cell of
+    // the plan made for the nearest rate (the plan in force, or a remembered one).
+    job_.order_first = planned_ ? plan_wi_ * batch_grid_.size() + plan_bi_ : 0;
+    std::int64_t nearest = planned_ ? std::abs(plan_bucket_ - bucket) : std::numeric_limits<std::int64_t>::max();
+    for (const Cached& c : cache_) {
+      if (c.used && c.lanes == lanes_ && std::abs(c.bucket - bucket) < nearest) {
+        nearest = std::abs(c.bucket - bucket);
+        job_.order_first = c.wi * batch_grid_.size() + c.bi;
       }
     }
-    return best;
+    for (const std::size_t b : batch_grid_) {
+      if (feasible(b)) job_.any_feasible = true;
+    }
+    job_.best.batch = cap_;
+    job_.best.rate_rps = rate;
+    job_.best_index = std::numeric_limits<std::size_t>::max();
+    job_.size_free.fill(std::numeric_limits<std::size_t>::max());
+    std::fill(job_window_free_.begin(), job_window_free_.end(), std::numeric_limits<std::size_t>::max());
+  }
+
+  bool feasible(std::size_t b) const noexcept {
+    return job_.rate * job_table_[b] < static_cast<double>(job_.lanes) * static_cast<double>(b);
+  }
+
+  // The n-th candidate to try: the plan in force first, then the grid in order.
+  std::size_t job_candidate(std::size_t n) const noexcept {
+    if (n == 0) return job_.order_first;
+    return n <= job_.order_first ? n - 1 : n;
+  }
+
+  // Runs the planning job for at most about `budget` simulated requests (plus one batch),
+  // picking up where the last call left off; adopts and caches the plan when it ends.
+  void advance_job(std::size_t& budget) noexcept {
+    const std::size_t total = window_grid.size() * batch_grid_.size();
+    const std::size_t n = unit_arrivals_.size();
+    const std::size_t measured = n - n / 10;
+    const double p95_target = std::chrono::duration<double>(slo_p95_).count();
+    const double p99_target = std::chrono::duration<double>(slo_p99_).count();
+    const auto k95 = static_cast<std::size_t>(0.95 * static_cast<double>(measured - 1));
+    const auto k99 = static_cast<std::size_t>(0.99 * static_cast<double>(measured - 1));
+    while (job_.active && budget > 0) {
+      if (!job_.running) {
+        if (job_.next == total) {
+          finish_job();
+          return;
+        }
+        const std::size_t c = job_candidate(job_.next++);
+        const std::size_t wi = c / batch_grid_.size(), bi = c % batch_grid_.size();
+        const std::size_t b = batch_grid_[bi];
+        if (job_.any_feasible && !feasible(b)) continue;
+        // A candidate that would play out exactly as one already run (a longer window where
+        // the window never closed a batch, a larger size where the size never did) can
+        // only tie with it, and a tie goes to the one run: skip it.
+        if (wi > job_window_free_[bi] || bi > job_.size_free[wi]) continue;
+        job_.window_mattered = false;
+        job_.size_mattered = false;
+        job_.running = true;
+        job_.index = c;
+        job_.b = b;
+        job_.w = window_grid[c / batch_grid_.size()] * job_table_[1];
+        job_.h = 0;
+        job_.over95 = 0;
+        job_.over99 = 0;
+        std::fill(job_lane_free_.begin(), job_lane_free_.begin() + static_cast<std::ptrdiff_t>(job_.lanes), 0.0);
+        --budget;
+        continue;
+      }
+      // Beyond these the candidate cannot beat the best so far.
+      const double cut95 = job_.best_score * p95_target;
+      const double cut99 = p99_target > 0.0 ? job_.best_score * p99_target : std::numeric_limits<double>::infinity();
+      const double scale = 1.0 / job_.rate;
+      bool abandoned = false;
+      while (job_.h < n && budget > 0) {
+        const std::size_t h = job_.h;
+        std::size_t lane = 0;
+        for (std::size_t i = 1; i < job_.lanes; ++i)
+          if (job_lane_free_[i] < job_lane_free_[lane]) lane = i;
+        const double first = unit_arrivals_[h] * scale;
+        double close = first + job_.w;
+        if (h + job_.b - 1 < n) close = std::min(close, unit_arrivals_[h + job_.b - 1] * scale);
+        const double t = std::max(job_lane_free_[lane], close);
+        std::size_t e = h + 1;
+        while (e < n && e - h < job_.b && unit_arrivals_[e] * scale <= t) ++e;
+        // Whether a longer window, or a larger size, could have played this batch out
+        // otherwise (see the skip rule above).
+        const double last = h + job_.b - 1 < n ? unit_arrivals_[h + job_.b - 1] * scale
+                                                : std::numeric_limits<double>::infinity();
+        if (last > first + job_.w && job_lane_free_[lane] < last) job_.window_mattered = true;
+        if (e - h == job_.b || last <= first + job_.w) job_.size_mattered = true;
+        const double done = t + job_table_[e - h];
+        job_lane_free_[lane] = done;
+        for (std::size_t i = h; i < e; ++i) {
+          const double l = done - unit_arrivals_[i] * scale;
+          job_latencies_[i] = l;
+          if (i >= n / 10) {
+            if (l > cut95) ++job_.over95;
+            if (l > cut99) ++job_.over99;
+          }
+        }
+        budget -= std::min(budget, e - h);
+        job_.h = e;
+        if (job_.over95 > measured - 1 - k95 || job_.over99 > measured - 1 - k99) {
+          abandoned = true;
+          break;
+        }
+      }
+      if (abandoned) {
+        job_.running = false;
+        note_free();
+        continue;
+      }
+      if (job_.h < n) return;  // the budget ran out mid-candidate
+      // The candidate ran to the end: its percentiles (a selection over the measured
+      // requests, counted against the budget like the requests themselves).
+      if (budget < measured / 2 && budget < plan_slice) {
+        budget = 0;
+        return;
+      }
+      budget -= std::min(budget, measured / 2);
+      job_.running = false;
+      note_free();
+      const auto from = job_latencies_.begin() + static_cast<std::ptrdiff_t>(n / 10);
+      auto at = [&](std::size_t k) {
+        std::nth_element(from, from + static_cast<std::ptrdiff_t>(k), job_latencies_.end());
+        return *(from + static_cast<std::ptrdiff_t>(k));
+      };
+      const double p99 = at(k99);
+      const double p95 = at(k95);
+      double score = p95 / p95_target;
+      if (p99_target > 0.0) score = std::max(score, p99 / p99_target);
+      const bool better = score < job_.best_score * (1.0 - 1e-9) ||
+                          (score <= job_.best_score * (1.0 + 1e-9) && job_.index < job_.best_index);
+      if (better) {
+        job_.best_score = score;
+        job_.best_index = job_.index;
+        job_.best.batch = job_.b;
+        job_.best.window = to_duration(job_.w);
+        job_.best.predicted_p95_s = p95;
+        job_.best.predicted_p99_s = p99;
+      }
+    }
+  }
+
+  // After a candidate ends (run out or abandoned): what it showed about the ones like it.
+  void note_free() noexcept {
+    const std::size_t wi = job_.index / batch_grid_.size(), bi = job_.index % batch_grid_.size();
+    if (!job_.window_mattered) job_window_free_[bi] = std::min(job_window_free_[bi], wi);
+    if (!job_.size_mattered) job_.size_free[wi] = std::min(job_.size_free[wi], bi);
+  }
+
+  void finish_job() noexcept {
+    job_.active = false;
+    // Nothing finished (every candidate abandoned cannot happen: the first one has no
+    // bound to be abandoned against); keep the cap with no window then all the same.
+    const std::size_t wi = job_.best_index == std::numeric_limits<std::size_t>::max() ? 0 : job_.best_index / batch_grid_.size();
+    const std::size_t bi = job_.best_index == std::numeric_limits<std::size_t>::max() ? batch_grid_.size() - 1
+                                                                                       : job_.best_index % batch_grid_.size();
+    Cached& slot = cache_[next_slot_];
+    next_slot_ = (next_slot_ + 1) % cache_.size();
+    slot = Cached{job_.bucket, job_.epoch, job_.lanes, job_.best, wi, bi, true};
+    if (m_.plans != nullptr) m_.plans->inc();
+    ++plans_;
+    // Adopted even when the rate, the lanes or the model moved on meanwhile: it is the
+    // newest plan there is; the next call starts the one they call for.
+    adopt(job_.best, job_.bucket, job_.epoch, job_.lanes, wi, bi);
   }
 
   // A FixedWindow(b, w) on lanes_ lanes fed plan_requests Poisson arrivals at `rate`,
@@ -646,6 +913,13 @@ class AdaptiveState {
   std::int64_t plan_bucket_ = 0;
   std::uint64_t plan_epoch_ = 0;
   std::size_t plan_lanes_ = 0;
+  std::size_t plan_wi_ = 0, plan_bi_ = 0;
+  PlanJob job_{};
+  std::vector<double> job_table_;
+  std::vector<double> job_latencies_;
+  std::vector<double> job_lane_free_;
+  std::vector<std::size_t> job_window_free_;
+  std::uint64_t plans_ = 0;
   std::array<Cached, cache_size> cache_{};
   std::size_t next_slot_ = 0;
   Metrics m_{};
@@ -690,8 +964,9 @@ class AdaptiveWindow {
   [[nodiscard]] BatchDecision decide(const BatchView& v) const noexcept { return state_->decide(v); }
 
   // Learns from one executed batch (failed batches and non-positive times are ignored).
-  // Takes the state's lock briefly and refits the cost table (O(max_batch)); never
-  // allocates. Thread-safe.
+  // Takes the state's lock, refits the cost table (O(max_batch)) and advances a plan in
+  // the making by at most plan_slice simulated requests (see the header comment: tens of
+  // microseconds); never allocates. Thread-safe.
   void on_batch_executed(const BatchFeedback& f) const noexcept { state_->learn(f); }
 
   // The current linear cost model. Never allocates. Thread-safe.

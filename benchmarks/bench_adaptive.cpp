@@ -1,0 +1,187 @@
+// The cost of AdaptiveWindow's feedback path (on_batch_executed, which the Pipeline calls
+// on a lane's thread after each model call and before the batch's completions), against
+// baselines measured in the same run:
+//   BM_AdaptiveWindow_Feedback/0   a steady load: the plan for its rate is in force, a
+//                                  call refits the cost table and plans nothing.
+//   BM_AdaptiveWindow_Feedback/1   a load that keeps moving (the rate walks up through
+//                                  more rate buckets than the plan cache holds, then
+//                                  starts again): a plan is in the making at almost every
+//                                  call, which advances it by at most plan_slice
+//                                  simulated requests. Counters: max_us (the slowest call
+//                                  seen), calls_per_plan.
+//   BM_AdaptiveWindow_FullPlan     the baseline: the whole (window, size) grid simulated
+//                                  in one call, as the policy planned before plans were
+//                                  sliced (each candidate through predict(), the same
+//                                  simulation); what one call cost then.
+//   BM_FixedWindow_Decide          the baseline's floor: FixedWindow's close decision on a
+//                                  16-request view.
+//   BM_AdaptiveWindow_Decide       AdaptiveWindow's close decision on the same view.
+// The policy learns the latency guide's Example 1 model (L(b) = 20 ms + 3 ms x (b - 1), 2
+// lanes, SLO p95 150 ms, max batch 64) from feedback, with arrivals fed through decide()
+// on a ManualClock (outside the timed region where marked).
+//
+// What this does not show: contention on the policy's lock when several lanes report at
+// once, or the cost of the decide() calls that count arrivals (see BM_AdaptiveWindow_Decide
+// for one).
+#include <tailbatch/adaptive_window.hpp>
+#include <tailbatch/batch_window.hpp>
+#include <tailbatch/clock.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+using namespace std::chrono_literals;
+using namespace tailbatch;
+
+namespace {
+
+const LinearCost example1{20ms, 3ms};
+
+AdaptiveWindowConfig example1_config() {
+  AdaptiveWindowConfig c;
+  c.slo_p95 = 150ms;
+  c.max_batch = 64;
+  return c;
+}
+
+BatchFeedback feedback(std::size_t size, BatchTime started) {
+  BatchFeedback f;
+  f.size = size;
+  f.padded_size = size;
+  f.model_time = example1(size);
+  f.started = started;
+  return f;
+}
+
+// Arrivals at `rate` through decide(): each arrival is shown in a view with the queue, and
+// whatever decide() closes leaves it, as in a Pipeline with an idle lane.
+struct Driver {
+  AdaptiveWindow policy{example1_config()};
+  ManualClock clock{};
+  std::vector<BatchCandidate> queue{};
+  double carry = 0.0;
+
+  void arrive(double rate, std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i) {
+      carry += 1.0 / rate;
+      const auto gap = std::chrono::duration_cast<BatchDuration>(std::chrono::duration<double>(carry));
+      carry -= std::chrono::duration<double>(gap).count();
+      clock.advance(gap);
+      queue.push_back(BatchCandidate{clock.now(), BatchTime::max(), 1, Priority::normal});
+      BatchView v{std::span<const BatchCandidate>(queue), queue.size(), clock.now(), false};
+      v.lanes = 2;
+      v.idle_lanes = 2;
+      const BatchDecision d = policy.decide(v);
+      queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(std::min(d.count, queue.size())));
+    }
+  }
+
+  // Teaches every size, then settles on `rate` until its plan is in force.
+  void warm(double rate) {
+    for (int k = 0; k < 4; ++k)
+      for (std::size_t b = 1; b <= 64; ++b) policy.on_batch_executed(feedback(b, clock.now()));
+    for (int i = 0; i < 400; ++i) {
+      arrive(rate, 16);
+      policy.on_batch_executed(feedback(16, clock.now()));
+    }
+  }
+};
+
+void BM_AdaptiveWindow_Feedback(benchmark::State& state) {
+  const bool moving = state.range(0) != 0;
+  Driver d;
+  d.warm(300.0);
+  double rate = 50.0;
+  std::size_t calls = 0, plans = 0;
+  double last_plan_rate = d.policy.plan().rate_rps;
+  double max_us = 0.0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    if (moving) {
+      // Up by 10 % every 25 calls, 50 -> 480 requests/s, then again: about 60 rate
+      // buckets per cycle against a cache of 32 plans.
+      if (++calls % 25 == 0) rate = rate * 1.1 > 480.0 ? 50.0 : rate * 1.1;
+      d.arrive(rate, 8);
+    } else {
+      d.arrive(300.0, 16);
+    }
+    const BatchFeedback f = feedback(moving ? 8 : 16, d.clock.now());
+    state.ResumeTiming();
+    const auto t0 = std::chrono::steady_clock::now();
+    d.policy.on_batch_executed(f);
+    const auto t1 = std::chrono::steady_clock::now();
+    state.PauseTiming();
+    max_us = std::max(max_us, std::chrono::duration<double, std::micro>(t1 - t0).count());
+    const double r = d.policy.plan().rate_rps;
+    if (r != last_plan_rate) {
+      ++plans;
+      last_plan_rate = r;
+    }
+    state.ResumeTiming();
+  }
+  state.counters["max_us"] = max_us;
+  state.counters["plans"] = static_cast<double>(plans);
+  state.counters["calls_per_plan"] =
+      plans > 0 ? static_cast<double>(state.iterations()) / static_cast<double>(plans) : 0.0;
+}
+BENCHMARK(BM_AdaptiveWindow_Feedback)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+
+void BM_AdaptiveWindow_FullPlan(benchmark::State& state) {
+  Driver d;
+  d.warm(300.0);
+  const double c1 = d.policy.estimate_seconds(1);
+  std::vector<std::size_t> sizes;
+  for (std::size_t p = 1; p <= 64; p *= 2) {
+    sizes.push_back(p);
+    if (p >= 2 && p + p / 2 <= 64) sizes.push_back(p + p / 2);
+  }
+  for (auto _ : state) {
+    double best = 1e300;
+    for (const double wf : detail::AdaptiveState::window_grid) {
+      for (const std::size_t b : sizes) {
+        const auto w = std::chrono::duration_cast<BatchDuration>(std::chrono::duration<double>(wf * c1));
+        const AdaptivePlan p = d.policy.predict(300.0, 2, b, w);
+        best = std::min(best, p.predicted_p95_s);
+      }
+    }
+    benchmark::DoNotOptimize(best);
+  }
+  state.counters["candidates"] = static_cast<double>(sizes.size() * detail::AdaptiveState::window_grid.size());
+}
+BENCHMARK(BM_AdaptiveWindow_FullPlan)->Unit(benchmark::kMicrosecond);
+
+std::vector<BatchCandidate> sixteen(BatchTime now) {
+  std::vector<BatchCandidate> q;
+  for (int i = 0; i < 16; ++i) q.push_back(BatchCandidate{now - 1ms * (16 - i), BatchTime::max(), 1, Priority::normal});
+  return q;
+}
+
+void BM_FixedWindow_Decide(benchmark::State& state) {
+  const FixedWindow policy(32, 5ms);
+  const BatchTime now = ManualClock::start() + 1s;
+  const auto q = sixteen(now);
+  BatchView v{std::span<const BatchCandidate>(q), q.size(), now, false};
+  for (auto _ : state) benchmark::DoNotOptimize(policy.decide(v));
+}
+BENCHMARK(BM_FixedWindow_Decide);
+
+void BM_AdaptiveWindow_Decide(benchmark::State& state) {
+  Driver d;
+  d.warm(300.0);
+  const BatchTime now = d.clock.now();
+  const auto q = sixteen(now);
+  BatchView v{std::span<const BatchCandidate>(q), q.size(), now, false};
+  v.lanes = 2;
+  v.idle_lanes = 0;  // decided, not acted on: the state does not move between iterations
+  for (auto _ : state) benchmark::DoNotOptimize(d.policy.decide(v));
+}
+BENCHMARK(BM_AdaptiveWindow_Decide);
+
+}  // namespace
+
+BENCHMARK_MAIN();
