@@ -45,7 +45,6 @@
 #include <array>
 #include <atomic>
 #include <bit>
-#include <cmath>
 #include <chrono>
 #include <concepts>
 #include <condition_variable>
@@ -74,6 +73,7 @@
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/cycle_stamp.hpp>
+#include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/pipeline_completion.hpp>
 #include <tailbatch/detail/pipeline_occupancy.hpp>
 #include <tailbatch/detail/submit_shards.hpp>
@@ -217,7 +217,7 @@ struct OccupancyWindow {
   w.throughput_per_s = static_cast<double>(done) / seconds;
   if (done > 0) {
     const double mean = std::max(0.0, (to.latency_s - from.latency_s) / static_cast<double>(done));
-    w.mean_latency = std::chrono::nanoseconds(std::llround(mean * 1e9));
+    w.mean_latency = std::chrono::nanoseconds(detail::llround(mean * 1e9));
   }
   return w;
 }
@@ -894,7 +894,7 @@ class Pipeline {
     if (rate <= 0.0) return std::chrono::nanoseconds{0};
     const double depth = static_cast<double>(std::max<std::size_t>(1, shards_.places_in_use_approx()));
     const double seconds = std::min(depth / rate, 60.0);
-    return std::chrono::nanoseconds(std::llround(seconds * 1e9));
+    return std::chrono::nanoseconds(detail::llround(seconds * 1e9));
   }
 
   static void on_cancel(void* self) noexcept {
