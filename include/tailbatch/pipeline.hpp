@@ -75,6 +75,7 @@
 #include <tailbatch/detail/cycle_stamp.hpp>
 #include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/pipeline_completion.hpp>
+#include <tailbatch/detail/pipeline_metrics.hpp>
 #include <tailbatch/detail/pipeline_occupancy.hpp>
 #include <tailbatch/detail/submit_shards.hpp>
 #include <tailbatch/detail/batch_former.hpp>
@@ -132,7 +133,7 @@ struct PipelineConfig {
   bool check_admission_limit = true;
   // Metrics (tailbatch_pipeline_*), registered at construction with metric_labels added
   // to each. nullptr: none, at no cost. The registry must outlive the Pipeline.
-  MetricsRegistry* metrics = nullptr;
+  PipelineMetricsTarget metrics = nullptr;
   Labels metric_labels{};
   // Where the Pipeline writes the few lines it has to say: the one-time warning that
   // callers blocked on futures limit the batch size, and the Little's-law check's finding
@@ -367,7 +368,7 @@ class Pipeline {
     FutureDone f;
     std::future<Outcome<Resp>> future = f.promise.get_future();
     detail::Completion<Resp> done(std::move(f));
-    future_waiters_.fetch_add(1, std::memory_order_relaxed);
+    counters_.future_waiters.fetch_add(1, std::memory_order_relaxed);
     enqueue(std::move(req), options, std::move(done));
     return future;
   }
@@ -429,18 +430,20 @@ class Pipeline {
     return shards_.queued_approx();
   }
   // Requests in batches being executed or completed right now. Racy. Thread-safe.
-  [[nodiscard]] std::size_t in_flight_approx() const noexcept { return in_flight_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::size_t in_flight_approx() const noexcept {
+    return counters_.in_flight.load(std::memory_order_relaxed);
+  }
   // The recent rate at which batches take requests off the queue, per second (0 until
   // measured). Racy. Thread-safe.
-  [[nodiscard]] double drain_rate_approx() const noexcept { return drain_rate_.load(std::memory_order_relaxed); }
+  [[nodiscard]] double drain_rate_approx() const noexcept {
+    return counters_.drain_rate.load(std::memory_order_relaxed);
+  }
   // Future-returning submits whose outcome is not yet set: in a server that blocks a
   // thread on each future, the callers blocked right now. When these are fewer than
   // max_batch x lane slots, they cap the batch size; batches that look capped so are
   // counted (stats().submitter_limited_batches) and, with Config::log set, reported once.
   // Racy. Thread-safe.
-  [[nodiscard]] std::size_t blocked_submitters_approx() const noexcept {
-    return static_cast<std::size_t>(std::max<std::int64_t>(0, future_waiters_.load(std::memory_order_relaxed)));
-  }
+  [[nodiscard]] std::size_t blocked_submitters_approx() const noexcept { return counters_.blocked_submitters(); }
 
   // The time integrals of requests held, read now (see PipelineOccupancy): two readings
   // give the time-averaged in-pipeline, queued and executing counts, the throughput and
@@ -471,8 +474,8 @@ class Pipeline {
     const OccupancyWindow w = occupancy_between(littles_last_, now);
     LittlesLawCheck c = tailbatch::check_littles_law(w.throughput_per_s, w.mean_latency, w.mean_in_pipeline, threshold);
     littles_last_ = now;
-    littles_deviation_.store(c.relative_deviation, std::memory_order_relaxed);
-    littles_suspected_.store(c.hidden_queue_suspected, std::memory_order_relaxed);
+    counters_.littles_deviation.store(c.relative_deviation, std::memory_order_relaxed);
+    counters_.littles_suspected.store(c.hidden_queue_suspected, std::memory_order_relaxed);
     if (c.hidden_queue_suspected) log_line("tailbatch: pipeline Little's law check: " + c.explanation);
     return c;
   }
@@ -483,20 +486,21 @@ class Pipeline {
     PipelineStats s;
     s.submitted = shards_.accepted_exact();
     s.queued = queued_approx();
-    s.submitted += inline_submitted_.load(std::memory_order_relaxed);
-    for (std::size_t i = 0; i < s.by_status.size(); ++i) s.by_status[i] = by_status_[i].load(std::memory_order_relaxed);
+    const detail::PipelineCounters& c = counters_;
+    s.submitted += c.inline_submitted.load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < s.by_status.size(); ++i) s.by_status[i] = c.by_status[i].load(std::memory_order_relaxed);
     for (std::size_t i = 0; i < s.rejected_by_reason.size(); ++i) {
-      s.rejected_by_reason[i] = rejected_by_reason_[i].load(std::memory_order_relaxed);
+      s.rejected_by_reason[i] = c.rejected_by_reason[i].load(std::memory_order_relaxed);
     }
     for (std::size_t i = 0; i < s.batches_by_reason.size(); ++i) {
-      s.batches_by_reason[i] = dispatched_[i].load(std::memory_order_relaxed);
+      s.batches_by_reason[i] = c.dispatched[i].load(std::memory_order_relaxed);
     }
-    s.batched_requests = batched_requests_.load(std::memory_order_relaxed);
-    s.callback_exceptions = callback_exceptions_.load(std::memory_order_relaxed);
-    s.dropped_at_start = dropped_at_start_.load(std::memory_order_relaxed);
-    s.submitter_limited_batches = submitter_limited_.load(std::memory_order_relaxed);
-    s.blocked_submitters = blocked_submitters_approx();
-    s.in_flight = in_flight_.load(std::memory_order_relaxed);
+    s.batched_requests = c.batched_requests.load(std::memory_order_relaxed);
+    s.callback_exceptions = c.callback_exceptions.load(std::memory_order_relaxed);
+    s.dropped_at_start = c.dropped_at_start.load(std::memory_order_relaxed);
+    s.submitter_limited_batches = c.submitter_limited.load(std::memory_order_relaxed);
+    s.blocked_submitters = c.blocked_submitters();
+    s.in_flight = c.in_flight.load(std::memory_order_relaxed);
     return s;
   }
 
@@ -599,18 +603,8 @@ class Pipeline {
   enum class Lead : std::uint8_t { formed, idle, finished, no_lane };
   using LeaseSlot = std::optional<typename Lanes::Lease>;
 
-  struct Metrics {
-    std::array<LatencyHistogram*, 4> hist{};  // queue wait, formation, model, end to end
-    std::array<Counter*, dispatch_reason_count> dispatch{};
-    std::vector<Counter*> by_size;  // index: bit_width(size - 1)
-    Counter* batched = nullptr;
-    std::array<Counter*, 8> outcomes{};
-    Counter* callback_exceptions = nullptr;
-    Counter* submitter_limited = nullptr;
-    std::vector<CallbackRegistration> gauges;
-  };
-  enum Hist : std::size_t { queue_wait = 0, formation = 1, model_time = 2, end_to_end = 3 };
 
+  using Hist = detail::PipelineMetrics::Hist;
   using Shards = detail::SubmitShards<Entry>;
   using Former = detail::BatchFormer<Entry, EntryTraits, Policy>;
   using Round = typename Former::Round;
@@ -634,13 +628,17 @@ class Pipeline {
         shards_(config_.submit_shards, priority_levels * bucket_count(policy_), config_.queue_capacity),
         former_(policy_, bucket_count(policy_), config_.starvation_limit,
                 lanes_ != nullptr ? lanes_->size() * lanes_->lane_capacity() : 1),
-        occupancy_(clock_.now()) {
+        occupancy_(clock_.now()),
+        drain_(clock_.now()) {
     validate();
     total_slots_ = lanes_->size() * lanes_->lane_capacity();
     littles_last_.at = occupancy_.read(BatchTime{}).at;
     reserve(manual_batch_);
-    if (config_.metrics != nullptr) register_metrics(*config_.metrics);
-    last_rate_sample_ = clock_.now();
+    metrics_ = config_.metrics.register_pipeline(
+        config_.metric_labels,
+        detail::PipelineGaugeSources{&counters_, max_batch_, this, [](const void* self) noexcept {
+                                       return static_cast<const Pipeline*>(self)->queued_approx();
+                                     }});
     if constexpr (cycle_stamps) {
       if (detail::cycle_counter_is_constant()) {
         // Three readings, the tightest kept (the allowance before any is known is generous).
@@ -890,11 +888,8 @@ class Pipeline {
   // The depth is the places not in the pool (one load, for a fast refusal): the queue,
   // plus the few places shards have claimed and not used yet.
   std::chrono::nanoseconds retry_after_hint() const noexcept {
-    const double rate = drain_rate_.load(std::memory_order_relaxed);
-    if (rate <= 0.0) return std::chrono::nanoseconds{0};
-    const double depth = static_cast<double>(std::max<std::size_t>(1, shards_.places_in_use_approx()));
-    const double seconds = std::min(depth / rate, 60.0);
-    return std::chrono::nanoseconds(detail::llround(seconds * 1e9));
+    return detail::DrainRate::retry_after(counters_.drain_rate.load(std::memory_order_relaxed),
+                                          shards_.places_in_use_approx());
   }
 
   static void on_cancel(void* self) noexcept {
@@ -905,29 +900,11 @@ class Pipeline {
   }
 
   void count_inline(Status s, RejectReason r) noexcept {
-    inline_submitted_.fetch_add(1, std::memory_order_relaxed);
+    counters_.inline_submitted.fetch_add(1, std::memory_order_relaxed);
     count_status(s, r, 1);
   }
 
-  void count_status(Status s, RejectReason r, std::uint64_t n) noexcept {
-    if (n == 0) return;
-    by_status_[static_cast<std::size_t>(s)].fetch_add(n, std::memory_order_relaxed);
-    if (s == Status::rejected) rejected_by_reason_[static_cast<std::size_t>(r)].fetch_add(n, std::memory_order_relaxed);
-    if (metrics_) {
-      if (Counter* c = metrics_->outcomes[outcome_index(s, r)]) c->inc(n);
-    }
-  }
-
-  static std::size_t outcome_index(Status s, RejectReason r) noexcept {
-    switch (s) {
-      case Status::ok: return 0;
-      case Status::rejected: return std::clamp<std::size_t>(static_cast<std::size_t>(r), 1, 4);
-      case Status::deadline_exceeded: return 5;
-      case Status::cancelled: return 6;
-      case Status::failed: return 7;
-    }
-    return 7;
-  }
+  void count_status(Status s, RejectReason r, std::uint64_t n) noexcept { counters_.count(s, r, n, metrics_.get()); }
 
   void reject_inline(detail::Completion<Resp>& done, RejectReason r, std::string message,
                      std::chrono::nanoseconds retry_after = std::chrono::nanoseconds{0}) noexcept {
@@ -959,14 +936,11 @@ class Pipeline {
 
   void deliver(detail::Completion<Resp>& done, Outcome<Resp>&& o) noexcept {
     // Before the outcome is set: whoever it wakes sees itself no longer blocked.
-    if (done.template holds<FutureDone>()) future_waiters_.fetch_sub(1, std::memory_order_relaxed);
+    if (done.template holds<FutureDone>()) counters_.future_waiters.fetch_sub(1, std::memory_order_relaxed);
     if (detail::call_guarded([&] { done(std::move(o)); }, [](const char*) {})) note_callback_exception();
   }
 
-  void note_callback_exception() noexcept {
-    callback_exceptions_.fetch_add(1, std::memory_order_relaxed);
-    if (metrics_ && metrics_->callback_exceptions) metrics_->callback_exceptions->inc();
-  }
+  void note_callback_exception() noexcept { counters_.callback_threw(metrics_.get()); }
 
   static std::chrono::nanoseconds elapsed(BatchTime from, BatchTime to) noexcept {
     return to > from ? std::chrono::duration_cast<std::chrono::nanoseconds>(to - from) : std::chrono::nanoseconds{0};
@@ -1222,7 +1196,7 @@ class Pipeline {
     count_status(s, err.reason, 1);
     const auto latency = elapsed(m.arrival, now);
     admission_->release(std::move(m.ticket), s, latency);
-    if (metrics_) metrics_->hist[end_to_end]->record(latency);
+    if (metrics_) metrics_->hist[Hist::end_to_end]->record(latency);
     occupancy_.leave(now, 1, from_batch ? 1 : 0, formed, latency);
     deliver(m.done, Outcome<Resp>(std::move(err)));
   }
@@ -1261,7 +1235,7 @@ class Pipeline {
     if constexpr (requires(const Lanes& l) { { l.free_slots_approx() } -> std::convertible_to<std::size_t>; }) {
       return std::min(total_slots_, static_cast<std::size_t>(lanes_->free_slots_approx()) + (holding ? 1 : 0));
     } else {
-      const std::size_t running = running_batches_.load(std::memory_order_relaxed);
+      const std::size_t running = counters_.running_batches.load(std::memory_order_relaxed);
       // A held slot is idle even while the batch that left it is still counted as running.
       return std::max<std::size_t>(holding ? 1 : 0, total_slots_ > running ? total_slots_ - running : 0);
     }
@@ -1295,12 +1269,12 @@ class Pipeline {
     }
     b.reason = round.decision.reason;
     b.formed = now;
-    in_flight_.fetch_add(n, std::memory_order_relaxed);
-    update_drain_rate(n, now);
+    counters_.in_flight.fetch_add(n, std::memory_order_relaxed);
+    drain_.update(n, now, counters_.drain_rate);
     note_submitter_limit(b, n);
     if (metrics_) {
-      metrics_->hist[formation]->record(elapsed(b.opened, now));
-      for (const Meta& m : b.metas) metrics_->hist[queue_wait]->record(elapsed(m.arrival, now));
+      metrics_->hist[Hist::formation]->record(elapsed(b.opened, now));
+      for (const Meta& m : b.metas) metrics_->hist[Hist::queue_wait]->record(elapsed(m.arrival, now));
     }
   }
 
@@ -1319,24 +1293,13 @@ class Pipeline {
       submitter_streak_ = 0;
       return;
     }
-    submitter_limited_.fetch_add(1, std::memory_order_relaxed);
+    counters_.submitter_limited.fetch_add(1, std::memory_order_relaxed);
     if (metrics_) metrics_->submitter_limited->inc();
     if (++submitter_streak_ >= submitter_warn_after && !submitter_warned_) {
       submitter_warned_ = true;
       b.warn_submitters = true;
       b.blocked = blocked;
     }
-  }
-
-  void update_drain_rate(std::size_t n, BatchTime now) noexcept {
-    rate_count_ += n;
-    const auto dt = now - last_rate_sample_;
-    if (dt < std::chrono::milliseconds(10)) return;
-    const double inst = static_cast<double>(rate_count_) / std::chrono::duration<double>(dt).count();
-    const double old = drain_rate_.load(std::memory_order_relaxed);
-    drain_rate_.store(old <= 0.0 ? inst : 0.5 * old + 0.5 * inst, std::memory_order_relaxed);
-    rate_count_ = 0;
-    last_rate_sample_ = now;
   }
 
   // ---- execution and completion (no lock held) ---------------------------------------
@@ -1350,7 +1313,7 @@ class Pipeline {
   void run_batch(Batch& b, LeaseSlot& lease) noexcept {
     const std::size_t lane_index = lease->index();
     Lane& lane = lease->lane();
-    running_batches_.fetch_add(1, std::memory_order_relaxed);
+    counters_.running_batches.fetch_add(1, std::memory_order_relaxed);
     const BatchTime start = clock_.now();
     if (start > b.earliest_deadline || b.cancellable) drop_unstartable(b, start);
     const std::size_t n = b.metas.size();
@@ -1373,18 +1336,8 @@ class Pipeline {
     }
     // The lane is free before the completions run.
     lease.reset();
-    running_batches_.fetch_sub(1, std::memory_order_relaxed);
-    if (n > 0) {
-      dispatched_[static_cast<std::size_t>(b.reason)].fetch_add(1, std::memory_order_relaxed);
-      batched_requests_.fetch_add(n, std::memory_order_relaxed);
-      if (metrics_) {
-        metrics_->dispatch[static_cast<std::size_t>(b.reason)]->inc();
-        metrics_->batched->inc(n);
-        const auto bucket = static_cast<std::size_t>(std::bit_width(n - 1));
-        if (bucket < metrics_->by_size.size()) metrics_->by_size[bucket]->inc();
-        metrics_->hist[model_time]->record(elapsed(start, end));
-      }
-    }
+    counters_.running_batches.fetch_sub(1, std::memory_order_relaxed);
+    if (n > 0) counters_.batch_ran(b.reason, n, elapsed(start, end), metrics_.get());
     BatchDuration latency_sum{0};
     for (const Meta& m : b.metas) latency_sum += elapsed(m.arrival, end);
     occupancy_.leave(end, n, n, b.formed, latency_sum);
@@ -1410,7 +1363,7 @@ class Pipeline {
         admission_->release(std::move(m.ticket), Status::ok, latency);
         deliver(m.done, Outcome<Resp>(std::move(b.resps[i])));
       }
-      if (metrics_) metrics_->hist[end_to_end]->record(latency);
+      if (metrics_) metrics_->hist[Hist::end_to_end]->record(latency);
     }
     count_status(Status::ok, RejectReason::none, ok);
     count_status(Status::cancelled, RejectReason::none, cancelled);
@@ -1429,7 +1382,7 @@ class Pipeline {
     b.resps.clear();
     b.dropped.clear();
     b.dropped_status.clear();
-    in_flight_.fetch_sub(n + dropped, std::memory_order_relaxed);
+    counters_.in_flight.fetch_sub(n + dropped, std::memory_order_relaxed);
     if (b.warn_submitters) {
       b.warn_submitters = false;
       warn_submitter_limit(b.blocked);
@@ -1459,7 +1412,7 @@ class Pipeline {
         b.kept_metas.push_back(std::move(m));
       }
     }
-    dropped_at_start_.fetch_add(b.dropped.size(), std::memory_order_relaxed);
+    counters_.dropped_at_start.fetch_add(b.dropped.size(), std::memory_order_relaxed);
     const std::size_t kept = b.kept_metas.size();
     // A padding policy's size is kept, with copies of the last request kept; otherwise
     // the batch shrinks.
@@ -1485,101 +1438,16 @@ class Pipeline {
     }
   }
 
-  void warn_submitter_limit(std::size_t blocked) noexcept {
+  [[gnu::cold]] void warn_submitter_limit(std::size_t blocked) noexcept {
     if (!config_.log) return;
-    detail::call_guarded([&] {
-      const std::size_t cap = max_batch_ * total_slots_;
-      log_line("tailbatch: batch size looks limited by blocked submitters: " + std::to_string(blocked) +
-               " callers wait on futures, fewer than max_batch x lane slots = " + std::to_string(cap) +
-               ", and batches close by their window with nothing else queued. If the callers are a fixed pool of "
-               "threads (a thread per request), submit with a callback instead, or let at least " +
-               std::to_string(cap) + " callers wait at once.");
-    }, [](const char*) {});
+    detail::call_guarded([&] { log_line(detail::submitter_limit_message(blocked, max_batch_ * total_slots_)); },
+                         [](const char*) {});
   }
 
   // Writes one line to Config::log, if set; what it throws is dropped.
   void log_line(std::string_view line) noexcept {
     if (!config_.log) return;
     detail::call_guarded([&] { config_.log(line); }, [](const char*) {});
-  }
-
-  // ---- metrics -----------------------------------------------------------------------
-
-  void register_metrics(MetricsRegistry& r) {
-    auto m = std::make_unique<Metrics>();
-    const Labels& base = config_.metric_labels;
-    m->hist[queue_wait] = &r.histogram("tailbatch_pipeline_queue_wait_seconds",
-                                       "Time from submit until the request's batch was formed", base);
-    m->hist[formation] = &r.histogram("tailbatch_pipeline_batch_formation_seconds",
-                                      "Time from a batch's first request until the batch closed", base);
-    m->hist[model_time] = &r.histogram("tailbatch_pipeline_model_seconds", "Time spent in the model call, per batch",
-                                       base);
-    m->hist[end_to_end] = &r.histogram("tailbatch_pipeline_end_to_end_seconds",
-                                       "Time from submit until the request completed", base);
-    for (std::size_t i = 0; i < dispatch_reason_count; ++i) {
-      m->dispatch[i] = &r.counter("tailbatch_pipeline_batches_total", "Batches dispatched, by the reason they closed",
-                                  join_labels(base, {{"reason", std::string(to_string(static_cast<DispatchReason>(i)))}}));
-    }
-    m->batched = &r.counter("tailbatch_pipeline_batched_requests_total",
-                            "Requests executed in batches (padding excluded)", base);
-    // Size classes 1, 2, 3-4, 5-8, ...: index bit_width(size - 1).
-    const auto classes = static_cast<std::size_t>(std::bit_width(max_batch_ - 1)) + 1;
-    for (std::size_t i = 0; i < classes; ++i) {
-      const std::size_t hi = std::size_t{1} << i;
-      const std::size_t lo = i == 0 ? 1 : (std::size_t{1} << (i - 1)) + 1;
-      const std::string label = lo == hi ? std::to_string(hi) : std::to_string(lo) + "-" + std::to_string(hi);
-      m->by_size.push_back(&r.counter("tailbatch_pipeline_batch_size_total", "Batches dispatched, by size class",
-                                      join_labels(base, {{"size", label}})));
-    }
-    static constexpr std::array<std::pair<Status, RejectReason>, 8> outcomes{{
-        {Status::ok, RejectReason::none},
-        {Status::rejected, RejectReason::queue_full},
-        {Status::rejected, RejectReason::overloaded},
-        {Status::rejected, RejectReason::shutting_down},
-        {Status::rejected, RejectReason::too_large},
-        {Status::deadline_exceeded, RejectReason::none},
-        {Status::cancelled, RejectReason::none},
-        {Status::failed, RejectReason::none},
-    }};
-    for (const auto& [s, rr] : outcomes) {
-      m->outcomes[outcome_index(s, rr)] =
-          &r.counter("tailbatch_pipeline_requests_total", "Requests completed, by status and reject reason",
-                     join_labels(base, {{"status", std::string(to_string(s))}, {"reason", std::string(to_string(rr))}}));
-    }
-    m->callback_exceptions = &r.counter("tailbatch_pipeline_callback_exceptions_total",
-                                        "Completion callbacks that threw (caught and dropped)", base);
-    m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_queue_depth", "Requests waiting in the queue", base,
-                                         [this] { return static_cast<double>(queued_approx()); }));
-    m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_in_flight", "Requests in batches being executed", base,
-                                         [this] { return static_cast<double>(in_flight_approx()); }));
-    m->gauges.push_back(r.gauge_callback(
-        "tailbatch_pipeline_batch_fill_ratio", "Mean batch size over max_batch since start", base, [this] {
-          std::uint64_t batches = 0;
-          for (const auto& d : dispatched_) batches += d.load(std::memory_order_relaxed);
-          if (batches == 0) return 0.0;
-          return static_cast<double>(batched_requests_.load(std::memory_order_relaxed)) /
-                 (static_cast<double>(batches) * static_cast<double>(max_batch_));
-        }));
-    m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_drain_rate", "Requests taken off the queue per second",
-                                         base, [this] { return drain_rate_approx(); }));
-    m->submitter_limited = &r.counter(
-        "tailbatch_pipeline_submitter_limited_batches_total",
-        "Batches closed by their window short of max_batch with nothing else queued, while fewer callers waited on "
-        "futures than max_batch x lane slots",
-        base);
-    m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_blocked_submitters",
-                                         "Future-returning submits whose outcome is not yet set", base,
-                                         [this] { return static_cast<double>(blocked_submitters_approx()); }));
-    m->gauges.push_back(r.gauge_callback(
-        "tailbatch_pipeline_littles_law_deviation",
-        "Relative deviation of the time-averaged requests in the pipeline from throughput x mean latency, at the "
-        "last check_littles_law()",
-        base, [this] { return littles_deviation_.load(std::memory_order_relaxed); }));
-    m->gauges.push_back(r.gauge_callback(
-        "tailbatch_pipeline_hidden_queue_suspected",
-        "1 when the last check_littles_law() deviated by more than its threshold, else 0", base,
-        [this] { return littles_suspected_.load(std::memory_order_relaxed) ? 1.0 : 0.0; }));
-    metrics_ = std::move(m);
   }
 
   // ---- state -------------------------------------------------------------------------
@@ -1615,8 +1483,7 @@ class Pipeline {
   Former former_;  // the staged queue and batch formation
   detail::CycleCalibration calibration_;  // the cycle counter's rate, for arrival stamps
   bool finished_ = false;
-  std::uint64_t rate_count_ = 0;
-  BatchTime last_rate_sample_{};
+  detail::DrainRate drain_;
   Batch manual_batch_;
   // Consecutive batches that looked limited by blocked submitters; the warning is given
   // once, after this many.
@@ -1624,34 +1491,19 @@ class Pipeline {
   std::size_t submitter_streak_ = 0;
   bool submitter_warned_ = false;
 
-  // Counters.
-  std::atomic<double> drain_rate_{0.0};
-  std::atomic<std::size_t> in_flight_{0};
-  std::atomic<std::uint64_t> inline_submitted_{0};
-  std::array<std::atomic<std::uint64_t>, 5> by_status_{};
-  std::array<std::atomic<std::uint64_t>, 5> rejected_by_reason_{};
-  std::array<std::atomic<std::uint64_t>, dispatch_reason_count> dispatched_{};
-  std::atomic<std::uint64_t> batched_requests_{0};
-  std::atomic<std::uint64_t> callback_exceptions_{0};
-  std::atomic<std::uint64_t> dropped_at_start_{0};
-  std::atomic<std::uint64_t> submitter_limited_{0};
-  std::atomic<std::size_t> running_batches_{0};  // this Pipeline's batches holding a lane slot
-  // Future-returning submits not yet completed; its own cache line, away from what every
-  // callback submit touches.
-  alignas(64) std::atomic<std::int64_t> future_waiters_{0};
+  // Counters (and the drain rate, in_flight, the blocked submitters), read by stats().
+  detail::PipelineCounters counters_;
 
   // The occupancy integrals and the Little's-law check's last reading.
   detail::OccupancyMeter occupancy_;
   std::mutex littles_mu_;
   PipelineOccupancy littles_last_{};
-  std::atomic<double> littles_deviation_{0.0};
-  std::atomic<bool> littles_suspected_{false};
 
   std::mutex shutdown_mu_;
   bool shut_down_ = false;
   std::vector<std::thread> workers_;
   // Last: destroyed first, so that no gauge callback reads a destroyed counter.
-  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<detail::PipelineMetrics> metrics_;
 };
 
 }  // namespace tailbatch
