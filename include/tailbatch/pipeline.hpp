@@ -29,16 +29,25 @@
 // poll(), which forms and runs every batch due at the clock's current
 // time in the calling thread. See docs/pipeline.md.
 //
-// Where the parts are: a request is queued in detail/submit_shards.hpp (ingress: the
-// submit shards and the queue's places), a batch is formed in detail/batch_former.hpp (the
-// staged queue, the purge of expired and cancelled requests, the policy's decision), and a
-// result is delivered through detail/pipeline_completion.hpp. This file composes them: the
-// public API, the leader protocol (who forms the next batch, its sleep and wake-up, lane
-// leasing), execution and completion, and the metrics. It stays longer than the core's
-// usual 700 lines because most of it is the public API's documentation (the types and
-// members users read), and the rest shares the Pipeline's counters and state so closely
-// (every outcome is counted, timed and released to the admission policy in one place)
-// that splitting it further would pass that state around rather than hide it.
+// Where the parts are (include/tailbatch/detail/):
+//   submit_shards.hpp        where a request is queued: the per-thread submit shards and
+//                            the queue's places (ingress);
+//   pipeline_entry.hpp       what a queued request is (request, completion, deadline,
+//                            cancellation hook, admission ticket, cost);
+//   queue_staging.hpp,       where a batch is formed: the staged queue, the purge of
+//   batch_former.hpp         expired and cancelled requests, the policy's decision;
+//   pipeline_batch.hpp       the formed batch and the check, as a lane starts it, that
+//                            drops what may no longer start;
+//   leader_signal.hpp        how the batch leader sleeps and who wakes it;
+//   pipeline_completion.hpp  how a result is delivered (future or callback);
+//   pipeline_metrics.hpp     what is counted and exported (tailbatch_pipeline_*);
+//   pipeline_occupancy.hpp   the time integrals behind occupancy() and the Little's-law check.
+// This file composes them: the public API and its types, the leader's turn (ingest, purge,
+// decide, lease a lane, or sleep), execution and completion. It stays longer than the
+// core's usual 700 lines because about half of it is the public API's documentation (the
+// types and members users read), and the rest is the one place where every outcome is
+// counted, timed and released to the admission policy: splitting it further would pass
+// the Pipeline's state around rather than hide it.
 #pragma once
 
 #include <algorithm>
@@ -74,7 +83,10 @@
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/cycle_stamp.hpp>
 #include <tailbatch/detail/math.hpp>
+#include <tailbatch/detail/leader_signal.hpp>
+#include <tailbatch/detail/pipeline_batch.hpp>
 #include <tailbatch/detail/pipeline_completion.hpp>
+#include <tailbatch/detail/pipeline_entry.hpp>
 #include <tailbatch/detail/pipeline_metrics.hpp>
 #include <tailbatch/detail/pipeline_occupancy.hpp>
 #include <tailbatch/detail/submit_shards.hpp>
@@ -230,22 +242,6 @@ struct PollResult {
 };
 
 namespace detail {
-
-// Registered on a request's cancellation token: marks it and wakes the batch leader.
-struct CancelHook {
-  struct Fire {
-    CancelHook* self;
-    void operator()() const noexcept {
-      self->fired.store(true, std::memory_order_release);
-      self->notify(self->owner);
-    }
-  };
-  CancelHook(void (*n)(void*) noexcept, void* o) noexcept : notify(n), owner(o) {}
-  std::atomic<bool> fired{false};
-  void (*notify)(void*) noexcept;
-  void* owner;
-  std::optional<std::stop_callback<Fire>> callback;  // last: unregistered first
-};
 
 template <class C>
 inline constexpr bool is_real_time_clock = std::is_same_v<C, SteadyClock>;
@@ -409,12 +405,7 @@ class Pipeline {
   void shutdown() noexcept {
     std::lock_guard once(shutdown_mu_);
     if (shut_down_) return;
-    {
-      std::lock_guard lock(mu_);
-      drain_deadline_ = detail::saturating_add(clock_.now(), config_.drain_timeout);
-      closing_.store(true, std::memory_order_release);
-    }
-    work_cv_.notify_all();
+    signal_.close(detail::saturating_add(clock_.now(), config_.drain_timeout));
     if (threaded_) {
       for (std::thread& t : workers_) {
         if (t.joinable()) t.join();
@@ -524,79 +515,11 @@ class Pipeline {
   };
   static_assert(detail::Completion<Resp>::template fits_inline<FutureDone>);
 
-  struct Meta {
-    detail::Completion<Resp> done;
-    BatchTime arrival;
-    BatchTime deadline;  // the latest start
-    std::unique_ptr<Hook> cancel;
-    [[no_unique_address]] Ticket ticket;
-  };
+  using Entry = detail::PipelineEntry<Req, Resp, Ticket, detail::policy_uses_cost<Policy>()>;
+  using EntryTraits = detail::PipelineEntryTraits<Entry>;
+  using Meta = typename Entry::Meta;
 
-  // The request's cost is stored only for policies that read it.
-  struct NoCost {};
-  using CostField = std::conditional_t<detail::policy_uses_cost<Policy>(), std::size_t, NoCost>;
-
-  struct EntryFields {
-    Req req;
-    Meta meta;
-    [[no_unique_address]] CostField cost;
-  };
-  // One cache line per entry when it fits in one: submitters on different cores then
-  // never write the same line, and the leader reads each entry with one miss.
-  static constexpr std::size_t entry_align =
-      sizeof(EntryFields) <= 64 ? 64 : alignof(EntryFields);
-
-  // A queued request. Its priority and bucket are those of the sub-queue holding it.
-  struct alignas(entry_align) Entry {
-    Req req;
-    Meta meta;
-    [[no_unique_address]] CostField cost;
-
-    Entry(Req&& r, detail::Completion<Resp>&& d, BatchTime arrival, std::unique_ptr<Hook>&& h, Ticket&& t,
-          BatchTime dl, [[maybe_unused]] std::size_t c)
-        : req(std::move(r)), meta{std::move(d), arrival, dl, std::move(h), std::move(t)} {
-      if constexpr (std::is_same_v<CostField, std::size_t>) cost = c;
-    }
-
-    [[nodiscard]] std::size_t cost_value() const noexcept {
-      if constexpr (std::is_same_v<CostField, std::size_t>) {
-        return cost;
-      } else {
-        return 1;
-      }
-    }
-  };
-
-  // A taken or completed entry has given its completion away.
-  struct EntryTraits {
-    static bool gone(const Entry& e) noexcept { return !e.meta.done; }
-    static BatchTime deadline(const Entry& e) noexcept { return e.meta.deadline; }
-    static BatchTime arrival(const Entry& e) noexcept { return e.meta.arrival; }
-    static bool cancelled(const Entry& e) noexcept {
-      return e.meta.cancel && e.meta.cancel->fired.load(std::memory_order_acquire);
-    }
-    static std::size_t cost(const Entry& e) noexcept { return e.cost_value(); }
-  };
-
-  struct Batch {
-    std::vector<Req> reqs;
-    std::vector<Resp> resps;
-    std::vector<Meta> metas;
-    std::size_t padded = 0;
-    DispatchReason reason = DispatchReason::window;
-    BatchTime opened{};  // the first request's arrival
-    BatchTime formed{};
-    BatchTime earliest_deadline = BatchTime::max();
-    bool cancellable = false;  // some request has a cancellation token
-    // Looked limited by blocked submitters: report it (once) after the model call.
-    bool warn_submitters = false;
-    std::size_t blocked = 0;  // blocked submitters when it formed
-    // Scratch for the requests dropped when the batch starts, and for those kept.
-    std::vector<Meta> dropped;
-    std::vector<Status> dropped_status;
-    std::vector<Req> kept_reqs;
-    std::vector<Meta> kept_metas;
-  };
+  using Batch = detail::PipelineBatch<Req, Resp, Meta>;
 
   // formed: a batch, with a lane leased for it. no_lane: a batch is due but every lane
   // slot is busy (manual stepping only; a worker waits for one).
@@ -628,12 +551,12 @@ class Pipeline {
         shards_(config_.submit_shards, priority_levels * bucket_count(policy_), config_.queue_capacity),
         former_(policy_, bucket_count(policy_), config_.starvation_limit,
                 lanes_ != nullptr ? lanes_->size() * lanes_->lane_capacity() : 1),
-        occupancy_(clock_.now()),
-        drain_(clock_.now()) {
+        occupancy_(clock_.now()) {
     validate();
     total_slots_ = lanes_->size() * lanes_->lane_capacity();
     littles_last_.at = occupancy_.read(BatchTime{}).at;
-    reserve(manual_batch_);
+    manual_batch_.reserve(max_batch_);
+    drain_.start(clock_.now());
     metrics_ = config_.metrics.register_pipeline(
         config_.metric_labels,
         detail::PipelineGaugeSources{&counters_, max_batch_, this, [](const void* self) noexcept {
@@ -672,7 +595,7 @@ class Pipeline {
     }
   }
 
-  void validate() {
+  [[gnu::cold]] void validate() {
     if (!model_) detail::throw_invalid_argument("Pipeline: model must be set");
     if (lanes_ == nullptr) detail::throw_invalid_argument("Pipeline: lanes must be set");
     if (admission_ == nullptr) detail::throw_invalid_argument("Pipeline: admission must be set");
@@ -720,16 +643,6 @@ class Pipeline {
     }
   }
 
-  void reserve(Batch& b) {
-    b.reqs.reserve(max_batch_);
-    b.resps.reserve(max_batch_);
-    b.metas.reserve(max_batch_);
-    b.dropped.reserve(max_batch_);
-    b.dropped_status.reserve(max_batch_);
-    b.kept_reqs.reserve(max_batch_);
-    b.kept_metas.reserve(max_batch_);
-  }
-
   // ---- submit side -------------------------------------------------------------------
 
   void enqueue(Req&& req, const SubmitOptions& options, detail::Completion<Resp>&& done) noexcept {
@@ -738,7 +651,7 @@ class Pipeline {
     BatchTime now{};
     const bool timed = options.timeout != std::chrono::nanoseconds::zero() || options.deadline != BatchTime::max();
     if constexpr (cycle_stamps) {
-      if (!timed && stamp_cycles_.load(std::memory_order_relaxed)) {
+      if (!timed && signal_.stamp_cycles.load(std::memory_order_relaxed)) {
         const std::uint64_t cycles = detail::read_cycle_counter();
         if (cycles < detail::max_stamp_cycles) now = detail::cycles_as_stamp(cycles);
       }
@@ -755,7 +668,7 @@ class Pipeline {
     if (options.timeout > std::chrono::nanoseconds::zero()) {
       deadline = std::min(deadline, detail::saturating_add(arrival, options.timeout));
     }
-    if (closing_.load(std::memory_order_relaxed)) {
+    if (signal_.closing(std::memory_order_relaxed)) {
       return reject_inline(done, RejectReason::shutting_down, "tailbatch: the pipeline is shutting down");
     }
     if (options.cancel.stop_requested()) {
@@ -827,7 +740,7 @@ class Pipeline {
     // arguments are moved from: on failure they are still ours.
     const bool threw = detail::call_guarded(
         [&] {
-          pushed = shards_.push(my_shard, sub, closing_, now, [&](std::vector<Entry>& chunk) {
+          pushed = shards_.push(my_shard, sub, signal_.closing_flag(), now, [&](std::vector<Entry>& chunk) {
             const Entry& e = chunk.emplace_back(std::move(req), std::move(done), arrival, std::move(hook),
                                                 std::move(*ticket), deadline, cost);
             // A stop that landed between the token check and now found nothing queued to
@@ -841,16 +754,7 @@ class Pipeline {
                            Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}}, std::move(hook));
     }
     if (pushed == Shards::Push::queued) {
-      if (fired) cancel_pending_.store(true, std::memory_order_seq_cst);
-      if (leader_sleeping_.load(std::memory_order_seq_cst)) {
-        // Only while the leader sleeps are arrivals counted: it asked to be woken by so
-        // many more, or by a deadline earlier than a mark.
-        const std::uint64_t arrived = sleep_arrivals_.fetch_add(1, std::memory_order_relaxed) + 1;
-        if (arrived >= wake_after_arrivals_.load(std::memory_order_relaxed) ||
-            deadline.time_since_epoch().count() < wake_if_deadline_before_.load(std::memory_order_relaxed) || fired) {
-          wake_leader();
-        }
-      }
+      signal_.arrived(deadline, fired);
       return;
     }
     // The hook is destroyed in finish_inline, outside the lock its callback takes.
@@ -863,7 +767,7 @@ class Pipeline {
   }
 
   // A request whose cost no batch can hold.
-  void reject_too_large(detail::Completion<Resp>& done, std::size_t cost) noexcept {
+  [[gnu::cold]] void reject_too_large(detail::Completion<Resp>& done, std::size_t cost) noexcept {
     std::string message;
     detail::call_guarded(
         [&] {
@@ -874,16 +778,6 @@ class Pipeline {
     reject_inline(done, RejectReason::too_large, std::move(message));
   }
 
-  // Ends the leader's sleep, once (a waker that finds it awake does nothing).
-  void wake_leader() noexcept {
-    bool wake = false;
-    {
-      std::lock_guard lock(mu_);
-      wake = leader_sleeping_.exchange(false, std::memory_order_seq_cst);
-    }
-    if (wake) work_cv_.notify_one();
-  }
-
   // The time the current drain rate needs to empty the queue as it stands.
   // The depth is the places not in the pool (one load, for a fast refusal): the queue,
   // plus the few places shards have claimed and not used yet.
@@ -892,12 +786,7 @@ class Pipeline {
                                           shards_.places_in_use_approx());
   }
 
-  static void on_cancel(void* self) noexcept {
-    auto* p = static_cast<Pipeline*>(self);
-    // Pairs with the leader's store to leader_sleeping_ and its look at cancel_pending_.
-    p->cancel_pending_.store(true, std::memory_order_seq_cst);
-    if (p->leader_sleeping_.load(std::memory_order_seq_cst)) p->wake_leader();
-  }
+  static void on_cancel(void* self) noexcept { static_cast<Pipeline*>(self)->signal_.cancelled(); }
 
   void count_inline(Status s, RejectReason r) noexcept {
     counters_.inline_submitted.fetch_add(1, std::memory_order_relaxed);
@@ -956,7 +845,7 @@ class Pipeline {
 #endif
     Batch batch;
     // Without the reservation (out of memory) the batch still forms, allocating as it goes.
-    (void)detail::call_guarded([&] { reserve(batch); }, [](const char*) {});
+    (void)detail::call_guarded([&] { batch.reserve(max_batch_); }, [](const char*) {});
     LeaseSlot lease;
     for (;;) {
       Lead r;
@@ -982,7 +871,7 @@ class Pipeline {
     return lease;
   }
 
-  void drain_in_caller() noexcept {
+  [[gnu::cold]] void drain_in_caller() noexcept {
     LeaseSlot lease;
     for (;;) {
       std::unique_lock lead(lead_mu_);
@@ -1021,19 +910,10 @@ class Pipeline {
         lease.reset();
         return Lead::finished;
       }
-      bool closing = false;
-      bool cancels = false;
-      BatchTime drain_deadline = BatchTime::max();
-      closing = closing_.load(std::memory_order_acquire);
-      if (closing) {
-        std::lock_guard lock(mu_);
-        drain_deadline = drain_deadline_;
-      }
-      // Looked at before it is cleared: the flag shares a cache line with what every
-      // submit reads, and a write per turn would take that line from them. (A flag set
-      // just after this look is seen before the leader sleeps.)
-      cancels = cancel_pending_.load(std::memory_order_relaxed) && cancel_pending_.exchange(false, std::memory_order_seq_cst);
-      // Once closing, every shard: a submitter that saw closing_ false under a shard's
+      const bool closing = signal_.closing();
+      const BatchTime drain_deadline = closing ? signal_.drain_deadline() : BatchTime::max();
+      const bool cancels = signal_.take_cancels();
+      // Once closing, every shard: a submitter that saw closing false under a shard's
       // lock has queued by the time this takes that lock.
       shards_.take(closing, [this](std::vector<std::vector<Entry>>& free_list, std::size_t most) {
         former_.staged().give_back_chunks(free_list, most);
@@ -1045,8 +925,8 @@ class Pipeline {
         now = r.time;
         cycles = r.cycles;
         const bool usable = calibration_.update(r.time, r.cycles, r.spread);
-        if (usable != stamp_cycles_.load(std::memory_order_relaxed)) {
-          stamp_cycles_.store(usable, std::memory_order_relaxed);
+        if (usable != signal_.stamp_cycles.load(std::memory_order_relaxed)) {
+          signal_.stamp_cycles.store(usable, std::memory_order_relaxed);
         }
       } else {
         now = clock_.now();
@@ -1101,32 +981,15 @@ class Pipeline {
         // Newcomers end the spin only once there are enough to change the decision, as
         // they would end a sleep: the spinning leader leaves the shards to the submitters.
         const std::uint64_t enough = shards_.taken_total() + std::max<std::size_t>(1, round.wake_delta);
-        while (clock_.now() < wake_at && !closing_.load(std::memory_order_relaxed) &&
+        while (clock_.now() < wake_at && !signal_.closing(std::memory_order_relaxed) &&
                (!shards_.any_dirty(std::memory_order_relaxed) || shards_.accepted_approx() < enough)) {
           detail::cpu_relax();
         }
         continue;
       }
-      std::unique_lock lock(mu_);
-      sleep_arrivals_.store(0, std::memory_order_relaxed);
-      wake_after_arrivals_.store(std::max<std::size_t>(1, round.wake_delta), std::memory_order_relaxed);
-      wake_if_deadline_before_.store(round.wait.decide_again_if_deadline_before.time_since_epoch().count(),
-                                     std::memory_order_relaxed);
-      leader_sleeping_.store(true, std::memory_order_seq_cst);
-      // Pairs with a submitter's flagging of its shard (or a canceller's flag) and its
-      // look at leader_sleeping_: either this sees the newcomer, or the newcomer sees
-      // the leader asleep.
-      if (shards_.any_dirty(std::memory_order_seq_cst) || cancel_pending_.load(std::memory_order_seq_cst) ||
-          closing_.load(std::memory_order_relaxed) != closing) {
-        leader_sleeping_.store(false, std::memory_order_relaxed);
-        continue;
-      }
-      if (wake_at == BatchTime::max()) {
-        work_cv_.wait(lock);
-      } else {
-        work_cv_.wait_until(lock, early);
-      }
-      leader_sleeping_.store(false, std::memory_order_relaxed);
+      signal_.sleep(wake_at == BatchTime::max() ? BatchTime::max() : early, round.wake_delta,
+                    round.wait.decide_again_if_deadline_before, closing,
+                    [this] { return shards_.any_dirty(std::memory_order_seq_cst); });
     }
   }
 
@@ -1242,31 +1105,12 @@ class Pipeline {
   }
 
   void form(Batch& b, const Round& round, BatchTime now) noexcept {
-    b.reqs.clear();
-    b.resps.clear();
-    b.metas.clear();
-    b.opened = BatchTime::max();
-    b.earliest_deadline = BatchTime::max();
-    b.cancellable = false;
+    b.begin();
     // Within the reserved capacity, and Entry moves are expected not to throw: an
     // exception here terminates (this is noexcept) rather than lose a request.
-    former_.form(round, [&](Entry& e) {
-      b.opened = std::min(b.opened, e.meta.arrival);
-      b.earliest_deadline = std::min(b.earliest_deadline, e.meta.deadline);
-      b.cancellable = b.cancellable || e.meta.cancel != nullptr;
-      b.reqs.push_back(std::move(e.req));
-      b.metas.push_back(std::move(e.meta));  // leaves e gone
-    });
+    former_.form(round, [&](Entry& e) { b.take(e); });  // leaves e gone
     const std::size_t n = b.metas.size();
-    b.padded = n;
-    if constexpr (std::copy_constructible<Req>) {
-      const std::size_t want = round.decision.padded_size;
-      if (want > n && n > 0) {
-        detail::call_guarded([&] { while (b.reqs.size() < want) b.reqs.push_back(b.reqs[n - 1]); },
-                             [&](const char*) { b.reqs.resize(n); });
-        b.padded = b.reqs.size();
-      }
-    }
+    b.pad_to(round.decision.padded_size);
     b.reason = round.decision.reason;
     b.formed = now;
     counters_.in_flight.fetch_add(n, std::memory_order_relaxed);
@@ -1315,7 +1159,9 @@ class Pipeline {
     Lane& lane = lease->lane();
     counters_.running_batches.fetch_add(1, std::memory_order_relaxed);
     const BatchTime start = clock_.now();
-    if (start > b.earliest_deadline || b.cancellable) drop_unstartable(b, start);
+    if (start > b.earliest_deadline || b.cancellable) {
+      counters_.dropped_at_start.fetch_add(b.drop_unstartable(start, policy_pads()), std::memory_order_relaxed);
+    }
     const std::size_t n = b.metas.size();
     bool threw = false;
     std::string error;
@@ -1346,7 +1192,7 @@ class Pipeline {
     std::uint64_t failed = 0;
     for (std::size_t i = 0; i < n; ++i) {
       Meta& m = b.metas[i];
-      const bool was_cancelled = m.cancel && m.cancel->fired.load(std::memory_order_acquire);
+      const bool was_cancelled = m.cancelled();
       m.cancel.reset();
       const auto latency = elapsed(m.arrival, end);
       if (was_cancelled) {
@@ -1377,57 +1223,12 @@ class Pipeline {
                                           "tailbatch: the deadline passed before the request's batch could start", {}},
                     end, true, b.formed);
     }
-    b.metas.clear();
-    b.reqs.clear();
-    b.resps.clear();
-    b.dropped.clear();
-    b.dropped_status.clear();
+    b.finish();
     counters_.in_flight.fetch_sub(n + dropped, std::memory_order_relaxed);
     if (b.warn_submitters) {
       b.warn_submitters = false;
       warn_submitter_limit(b.blocked);
     }
-  }
-
-  // Takes out of b the requests that must not start at `start`: past their deadline, or
-  // cancelled. Their completions are kept in b.dropped for after the model call. Never
-  // allocates (every vector is reserved for max_batch).
-  void drop_unstartable(Batch& b, BatchTime start) noexcept {
-    const std::size_t n = b.metas.size();
-    const auto unstartable = [&](const Meta& m) {
-      return start > m.deadline || (m.cancel && m.cancel->fired.load(std::memory_order_acquire));
-    };
-    if (std::none_of(b.metas.begin(), b.metas.end(), unstartable)) return;
-    b.kept_reqs.clear();
-    b.kept_metas.clear();
-    for (std::size_t i = 0; i < n; ++i) {
-      Meta& m = b.metas[i];
-      if (unstartable(m)) {
-        // A request both late and cancelled is reported cancelled.
-        const bool cancelled = m.cancel && m.cancel->fired.load(std::memory_order_acquire);
-        b.dropped_status.push_back(cancelled ? Status::cancelled : Status::deadline_exceeded);
-        b.dropped.push_back(std::move(m));
-      } else {
-        b.kept_reqs.push_back(std::move(b.reqs[i]));
-        b.kept_metas.push_back(std::move(m));
-      }
-    }
-    counters_.dropped_at_start.fetch_add(b.dropped.size(), std::memory_order_relaxed);
-    const std::size_t kept = b.kept_metas.size();
-    // A padding policy's size is kept, with copies of the last request kept; otherwise
-    // the batch shrinks.
-    std::size_t padded = kept;
-    if constexpr (std::copy_constructible<Req>) {
-      if (policy_pads() && kept > 0) padded = b.padded;
-      detail::call_guarded([&] { while (b.kept_reqs.size() < padded) b.kept_reqs.push_back(b.kept_reqs[kept - 1]); },
-                           [&](const char*) { b.kept_reqs.resize(kept); });
-      padded = b.kept_reqs.size();
-    }
-    b.reqs.clear();
-    b.metas.clear();
-    std::swap(b.reqs, b.kept_reqs);
-    std::swap(b.metas, b.kept_metas);
-    b.padded = padded;
   }
 
   [[nodiscard]] bool policy_pads() const noexcept {
@@ -1466,17 +1267,8 @@ class Pipeline {
 
   // Where submitters queue (ingress): shards, each under its own lock, merged by the leader.
   Shards shards_;
-  // The leader's sleep, under mu_ (the flags are read without it, to skip the lock).
-  alignas(64) mutable std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::atomic<bool> leader_sleeping_{false};
-  std::atomic<bool> cancel_pending_{false};
-  std::atomic<std::uint64_t> sleep_arrivals_{0};        // requests queued while it sleeps
-  std::atomic<std::uint64_t> wake_after_arrivals_{1};
-  std::atomic<typename BatchTime::rep> wake_if_deadline_before_{BatchTime::min().time_since_epoch().count()};
-  BatchTime drain_deadline_ = BatchTime::max();
-  std::atomic<bool> closing_{false};
-  std::atomic<bool> stamp_cycles_{false};  // submitters may stamp arrivals with the counter
+  // The leader's sleep and who wakes it; the closing and cycle-stamp flags.
+  detail::LeaderSignal signal_;
 
   // The leader's, under lead_mu_.
   std::mutex lead_mu_;

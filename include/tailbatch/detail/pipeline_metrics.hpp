@@ -121,7 +121,11 @@ struct PipelineCounters {
 // lock), everyone reads counters.drain_rate.
 class DrainRate {
  public:
-  explicit DrainRate(BatchTime start) noexcept : last_sample_(start) {}
+  // Measures from `now` on.
+  void start(BatchTime now) noexcept {
+    count_ = 0;
+    last_sample_ = now;
+  }
 
   void update(std::size_t n, BatchTime now, std::atomic<double>& rate) noexcept {
     count_ += n;
@@ -143,7 +147,7 @@ class DrainRate {
 
  private:
   std::uint64_t count_ = 0;
-  BatchTime last_sample_;
+  BatchTime last_sample_{};
 };
 
 // What the gauges read: the counters, and the queue depth through a pointer call (the
