@@ -32,11 +32,21 @@ done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# The standard and system headers the core includes: every <...> include of the core's
-# headers (include/tailbatch/ without the CUDA subtree) that is not a tailbatch header.
-find include/tailbatch -name '*.hpp' -not -path 'include/tailbatch/cuda/*' -not -name cuda.hpp -print0 |
-  xargs -0 grep -hoE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<[^>]+>' |
-  sed -E 's/.*<([^>]+)>.*/\1/' | grep -v '^tailbatch/' | sort -u > "$work/std_headers.txt"
+# The standard and system headers the core includes: every <...> include that the compiler
+# takes in the core's headers (include/tailbatch/ without the CUDA subtree) and that is not a
+# tailbatch header. Read from the preprocessor (-dI keeps the #include lines, the line
+# markers say which file each is in), so that an include this compiler skips (a fallback
+# under #if, as detail/math.hpp's <cmath>) is not counted.
+find include/tailbatch -name '*.hpp' -not -path 'include/tailbatch/cuda/*' -not -name cuda.hpp | sort |
+  sed 's|^include/\(.*\)|#include <\1>|' > "$work/all_core.cpp"
+"$cxx" -std=c++20 -Iinclude -E -dI "$work/all_core.cpp" |
+  awk '/^# [0-9]+ "/ { f = $3; gsub(/"/, "", f); next }
+       /^[[:space:]]*#[[:space:]]*include[[:space:]]*</ {
+         if (f ~ /(^|\/)include\/tailbatch\//) {
+           match($0, /<[^>]+>/); h = substr($0, RSTART + 1, RLENGTH - 2)
+           if (h !~ /^tailbatch\//) print h
+         }
+       }' | sort -u > "$work/std_headers.txt"
 {
   sed 's/.*/#include <&>/' "$work/std_headers.txt"
   echo 'int main() { return 0; }'

@@ -34,7 +34,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -45,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/littles_law.hpp>
@@ -198,7 +198,7 @@ class ScalingBehavior {
       const int start = current - changed_within(now, p.period, +1);
       const int proposed = p.type == ScalingPolicy::Type::pods
                                ? start + p.value
-                               : static_cast<int>(std::ceil(static_cast<double>(start) * (1.0 + p.value / 100.0)));
+                               : static_cast<int>(detail::ceil(static_cast<double>(start) * (1.0 + p.value / 100.0)));
       limit = r.select == SelectPolicy::max ? std::max(limit, proposed) : std::min(limit, proposed);
     }
     return limit;
@@ -213,7 +213,7 @@ class ScalingBehavior {
       const int start = current + changed_within(now, p.period, -1);
       const int proposed = p.type == ScalingPolicy::Type::pods
                                ? start - p.value
-                               : static_cast<int>(std::ceil(static_cast<double>(start) * (1.0 - p.value / 100.0)));
+                               : static_cast<int>(detail::ceil(static_cast<double>(start) * (1.0 - p.value / 100.0)));
       limit = r.select == SelectPolicy::max ? std::min(limit, proposed) : std::max(limit, proposed);
     }
     return std::max(limit, 0);
@@ -357,18 +357,18 @@ class Autoscaler {
   // thread-safe: construct before sharing.
   explicit Autoscaler(AutoscalerConfig config) : config_(std::move(config)), behavior_(config_.behavior) {
     const auto& c = config_;
-    if (!(std::isfinite(c.capacity_rps) && c.capacity_rps > 0.0))
+    if (!(detail::is_finite(c.capacity_rps) && c.capacity_rps > 0.0))
       detail::throw_invalid_argument("Autoscaler: capacity_rps must be > 0");
-    if (!(std::isfinite(c.target_utilization) && c.target_utilization > 0.0 && c.target_utilization <= 1.0))
+    if (!(detail::is_finite(c.target_utilization) && c.target_utilization > 0.0 && c.target_utilization <= 1.0))
       detail::throw_invalid_argument("Autoscaler: target_utilization must be in (0, 1]");
-    if (!(std::isfinite(c.tolerance) && c.tolerance >= 0.0 && c.tolerance < 1.0))
+    if (!(detail::is_finite(c.tolerance) && c.tolerance >= 0.0 && c.tolerance < 1.0))
       detail::throw_invalid_argument("Autoscaler: tolerance must be in [0, 1)");
     if (c.min_replicas < 0) detail::throw_invalid_argument("Autoscaler: min_replicas must be >= 0");
     if (c.max_replicas < 1 || c.max_replicas < c.min_replicas)
       detail::throw_invalid_argument("Autoscaler: max_replicas must be >= 1 and >= min_replicas");
     if (c.slo_p95 < std::chrono::nanoseconds::zero())
       detail::throw_invalid_argument("Autoscaler: slo_p95 must be >= 0");
-    if (!(std::isfinite(c.latency_trigger) && c.latency_trigger > 0.0 && c.latency_trigger <= 1.0))
+    if (!(detail::is_finite(c.latency_trigger) && c.latency_trigger > 0.0 && c.latency_trigger <= 1.0))
       detail::throw_invalid_argument("Autoscaler: latency_trigger must be in (0, 1]");
     if (c.queue_drain_time <= std::chrono::nanoseconds::zero())
       detail::throw_invalid_argument("Autoscaler: queue_drain_time must be > 0");
@@ -376,7 +376,7 @@ class Autoscaler {
       detail::throw_invalid_argument("Autoscaler: lead_time must be >= 0");
     if (c.trend_window <= std::chrono::nanoseconds::zero())
       detail::throw_invalid_argument("Autoscaler: trend_window must be > 0");
-    if (!(std::isfinite(c.littles_law_threshold) && c.littles_law_threshold > 0.0))
+    if (!(detail::is_finite(c.littles_law_threshold) && c.littles_law_threshold > 0.0))
       detail::throw_invalid_argument("Autoscaler: littles_law_threshold must be > 0");
     if (c.metrics != nullptr) register_metrics(*c.metrics);
   }
@@ -448,7 +448,7 @@ class Autoscaler {
       const int by_demand = ceil_replicas(demand / plan_rps);
       const int by_trend = ceil_replicas((d.projected_rps + queue_rps) / plan_rps);
       const double ratio = current > 0 ? d.utilization / config_.target_utilization : 2.0;
-      if (std::fabs(ratio - 1.0) > config_.tolerance || current == 0) {
+      if (detail::fabs(ratio - 1.0) > config_.tolerance || current == 0) {
         rec = by_demand;
         d.trigger = by_demand > by_rate ? ScaleTrigger::queue : ScaleTrigger::utilization;
         if (rec == current) d.trigger = ScaleTrigger::none;
@@ -507,7 +507,7 @@ class Autoscaler {
   };
 
   static void check_reading(double v, const char* field) {
-    if (!(std::isfinite(v) && v >= 0.0)) {
+    if (!(detail::is_finite(v) && v >= 0.0)) {
       const std::string msg = std::string("Autoscaler::evaluate: ") + field + " must be finite and >= 0";
       detail::throw_invalid_argument(msg.c_str());
     }
@@ -516,7 +516,7 @@ class Autoscaler {
   // ceil(x), saturated to an int; a hair of tolerance keeps 7.0000001 from becoming 8.
   static int ceil_replicas(double x) noexcept {
     if (!(x > 0.0)) return 0;
-    const double r = std::ceil(x - 1e-9);
+    const double r = detail::ceil(x - 1e-9);
     return r >= static_cast<double>(std::numeric_limits<int>::max()) ? std::numeric_limits<int>::max()
                                                                       : static_cast<int>(r);
   }

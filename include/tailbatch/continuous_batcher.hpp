@@ -58,7 +58,6 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -77,6 +76,7 @@
 
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/cbatch_waiting.hpp>
+#include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
@@ -199,7 +199,7 @@ struct ContinuousBatcherLoad {
   if (load.departed > 0) {
     const double total = std::max(0.0, later.time_in_system_seconds - earlier.time_in_system_seconds);
     load.mean_time_in_system =
-        std::chrono::nanoseconds(std::llround(total * 1e9 / static_cast<double>(load.departed)));
+        std::chrono::nanoseconds(detail::llround(total * 1e9 / static_cast<double>(load.departed)));
   }
   return load;
 }

@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -35,6 +34,7 @@
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/histogram_layout.hpp>
 #include <tailbatch/detail/histogram_shards.hpp>
+#include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/throw.hpp>
 
 namespace tailbatch {
@@ -137,7 +137,7 @@ class HistogramSnapshot {
   // 0 when empty. Not thread-safe: a value type.
   [[nodiscard]] std::chrono::nanoseconds mean() const noexcept {
     if (count_ == 0) return std::chrono::nanoseconds(0);
-    return ns(static_cast<std::uint64_t>(std::llround(sum_ns() / static_cast<long double>(count_))));
+    return ns(static_cast<std::uint64_t>(detail::llround(sum_ns() / static_cast<long double>(count_))));
   }
   // The sum of the recorded (clamped) values in seconds, for Prometheus' _sum.
   // Not thread-safe: a value type.
@@ -240,7 +240,7 @@ class HistogramSnapshot {
   [[nodiscard]] std::uint64_t rank_of(double p) const noexcept {
     if (!(p > 0.0)) return 1;
     if (p >= 100.0) return count_;
-    const double r = std::ceil(p * static_cast<double>(count_) / 100.0);
+    const double r = detail::ceil(p * static_cast<double>(count_) / 100.0);
     if (r < 1.0) return 1;
     if (r >= static_cast<double>(count_)) return count_;
     return static_cast<std::uint64_t>(r);
@@ -376,7 +376,7 @@ class LatencyHistogram {
       // of it (0.78 %; 6.25 % at one digit), which fixes the high word while that error is
       // below 2^63: for sums below 2^67 ns (4,000 years of summed latency) at any precision.
       const long double two64 = 18446744073709551616.0L;
-      const long double wraps = std::round((estimate - static_cast<long double>(t.sum)) / two64);
+      const long double wraps = detail::round((estimate - static_cast<long double>(t.sum)) / two64);
       sum_hi = wraps > 0 ? static_cast<std::uint64_t>(wraps) : 0;
     }
     if (out.counts_.empty()) out.counts_.assign(layout_.size(), 0);

@@ -20,12 +20,12 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <limits>
 #include <optional>
 #include <tailbatch/detail/limiter_window.hpp>
+#include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <type_traits>
 
@@ -86,7 +86,7 @@ class LimitWindow {
   [[nodiscard]] std::chrono::nanoseconds percentile(double p) const noexcept {
     if (count_ == 0) return std::chrono::nanoseconds{0};
     p = std::clamp(p, 0.0, 100.0);
-    auto rank = static_cast<std::uint64_t>(std::ceil(p / 100.0 * static_cast<double>(count_)));
+    auto rank = static_cast<std::uint64_t>(detail::ceil(p / 100.0 * static_cast<double>(count_)));
     rank = std::clamp<std::uint64_t>(rank, 1, count_);
     std::uint64_t seen = 0;
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
@@ -275,7 +275,7 @@ class AimdLimit {
                       w.percentile(config_.target_percentile) > config_.latency_target;
     if (w.drops() > 0 || timed_out || slow) {
       const auto backed_off =
-          static_cast<std::uint32_t>(std::floor(limit_ * config_.backoff_ratio));
+          static_cast<std::uint32_t>(detail::floor(limit_ * config_.backoff_ratio));
       limit_ = std::max(config_.min_limit, std::min(limit_ - 1, backed_off));
     } else if (static_cast<double>(w.max_in_flight()) >= config_.utilization * limit_) {
       limit_ = static_cast<std::uint32_t>(
@@ -357,15 +357,15 @@ class GradientLimit {
       bad("GradientLimit: initial_limit must be in [min_limit, max_limit]");
     if (!(c.smoothing > 0.0 && c.smoothing <= 1.0))
       bad("GradientLimit: smoothing must be in (0, 1]");
-    if (!(c.min_rtt_buffer >= 0.0 && std::isfinite(c.min_rtt_buffer)))
+    if (!(c.min_rtt_buffer >= 0.0 && detail::is_finite(c.min_rtt_buffer)))
       bad("GradientLimit: min_rtt_buffer must be >= 0");
     if (!(c.min_gradient > 0.0 && c.min_gradient <= 1.0))
       bad("GradientLimit: min_gradient must be in (0, 1]");
-    if (!(c.max_gradient >= 1.0 && std::isfinite(c.max_gradient)))
+    if (!(c.max_gradient >= 1.0 && detail::is_finite(c.max_gradient)))
       bad("GradientLimit: max_gradient must be >= 1");
-    if (!(c.queue_allowance_sqrt_scale >= 0.0 && std::isfinite(c.queue_allowance_sqrt_scale)))
+    if (!(c.queue_allowance_sqrt_scale >= 0.0 && detail::is_finite(c.queue_allowance_sqrt_scale)))
       bad("GradientLimit: queue_allowance_sqrt_scale must be >= 0");
-    if (!(c.queue_allowance_fixed >= 0.0 && std::isfinite(c.queue_allowance_fixed)))
+    if (!(c.queue_allowance_fixed >= 0.0 && detail::is_finite(c.queue_allowance_fixed)))
       bad("GradientLimit: queue_allowance_fixed must be >= 0");
     if (!(c.sample_percentile > 0.0 && c.sample_percentile <= 100.0))
       bad("GradientLimit: sample_percentile must be in (0, 100]");
@@ -426,7 +426,7 @@ class GradientLimit {
     gradient_ = std::clamp(target / sample, config_.min_gradient, config_.max_gradient);
 
     const double allowance =
-        config_.queue_allowance_fixed + config_.queue_allowance_sqrt_scale * std::sqrt(estimate_);
+        config_.queue_allowance_fixed + config_.queue_allowance_sqrt_scale * detail::sqrt(estimate_);
     const double proposed = estimate_ * gradient_ + allowance;
     double next = estimate_ * (1.0 - config_.smoothing) + proposed * config_.smoothing;
     const bool app_limited =

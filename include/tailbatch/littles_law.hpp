@@ -6,12 +6,12 @@
 #pragma once
 
 #include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <string>
 
+#include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/latency_histogram.hpp>
 
@@ -43,16 +43,16 @@ struct LittlesLawCheck {
                                                        std::chrono::nanoseconds mean_latency,
                                                        double mean_in_flight,
                                                        double threshold = 0.2) {
-  if (!(std::isfinite(throughput_per_s) && throughput_per_s >= 0.0)) {
+  if (!(detail::is_finite(throughput_per_s) && throughput_per_s >= 0.0)) {
     detail::throw_invalid_argument("check_littles_law: throughput_per_s must be finite and >= 0");
   }
   if (mean_latency < std::chrono::nanoseconds::zero()) {
     detail::throw_invalid_argument("check_littles_law: mean_latency must be >= 0");
   }
-  if (!(std::isfinite(mean_in_flight) && mean_in_flight >= 0.0)) {
+  if (!(detail::is_finite(mean_in_flight) && mean_in_flight >= 0.0)) {
     detail::throw_invalid_argument("check_littles_law: mean_in_flight must be finite and >= 0");
   }
-  if (!(std::isfinite(threshold) && threshold > 0.0)) {
+  if (!(detail::is_finite(threshold) && threshold > 0.0)) {
     detail::throw_invalid_argument("check_littles_law: threshold must be finite and > 0");
   }
   LittlesLawCheck c;
@@ -67,11 +67,11 @@ struct LittlesLawCheck {
   } else {
     c.relative_deviation = mean_in_flight > 0.0 ? std::numeric_limits<double>::infinity() : 0.0;
   }
-  c.hidden_queue_suspected = std::fabs(c.relative_deviation) > threshold;
+  c.hidden_queue_suspected = detail::fabs(c.relative_deviation) > threshold;
 
   char buf[512];
   double pct = 100.0 * c.relative_deviation;
-  if (std::fabs(pct) < 0.05) pct = 0.0;  // "+0.0 %", never "-0.0 %"
+  if (detail::fabs(pct) < 0.05) pct = 0.0;  // "+0.0 %", never "-0.0 %"
   const double thr = 100.0 * threshold;
   if (c.predicted_in_flight == 0.0 && mean_in_flight == 0.0) {
     std::snprintf(buf, sizeof buf,
@@ -120,7 +120,7 @@ struct LittlesLawCheck {
   const auto n = latencies.count();
   const double throughput = static_cast<double>(n) / std::chrono::duration<double>(window).count();
   const auto mean = n == 0 ? std::chrono::nanoseconds::zero()
-                           : std::chrono::nanoseconds(static_cast<std::int64_t>(std::llround(
+                           : std::chrono::nanoseconds(static_cast<std::int64_t>(detail::llround(
                                  latencies.sum_seconds() * 1e9 / static_cast<double>(n))));
   return check_littles_law(throughput, mean, mean_in_flight, threshold);
 }

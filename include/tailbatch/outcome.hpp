@@ -8,13 +8,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <stop_token>
 #include <string>
 #include <string_view>
 #include <tailbatch/detail/throw.hpp>
 #include <utility>
-#include <variant>
 
 namespace tailbatch {
 
@@ -100,54 +100,51 @@ template <class T>
 class [[nodiscard]] Outcome {
  public:
   // An ok outcome holding value.
-  Outcome(T value)
-      : state_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit by design
+  Outcome(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
   // A non-ok outcome. error.status must not be Status::ok.
-  Outcome(Error error) : state_(std::in_place_index<1>, std::move(error)) {}  // NOLINT
+  Outcome(Error error) : error_(std::move(error)) {}  // NOLINT
 
-  [[nodiscard]] bool ok() const noexcept { return state_.index() == 0; }
+  [[nodiscard]] bool ok() const noexcept { return value_.has_value(); }
   explicit operator bool() const noexcept { return ok(); }
 
-  [[nodiscard]] Status status() const noexcept {
-    return ok() ? Status::ok : std::get<1>(state_).status;
-  }
+  [[nodiscard]] Status status() const noexcept { return ok() ? Status::ok : error_.status; }
   // RejectReason::none unless status() is Status::rejected.
-  [[nodiscard]] RejectReason reason() const noexcept {
-    return ok() ? RejectReason::none : std::get<1>(state_).reason;
-  }
+  [[nodiscard]] RejectReason reason() const noexcept { return ok() ? RejectReason::none : error_.reason; }
   // Empty for an ok outcome.
   [[nodiscard]] std::string_view message() const noexcept {
-    return ok() ? std::string_view{} : std::string_view{std::get<1>(state_).message};
+    return ok() ? std::string_view{} : std::string_view{error_.message};
   }
   [[nodiscard]] std::chrono::nanoseconds retry_after() const noexcept {
-    return ok() ? std::chrono::nanoseconds{0} : std::get<1>(state_).retry_after;
+    return ok() ? std::chrono::nanoseconds{0} : error_.retry_after;
   }
 
   // The value. Throws BadOutcomeAccess (carrying the Error) if !ok().
   [[nodiscard]] T& value() & {
     check();
-    return std::get<0>(state_);
+    return *value_;
   }
   [[nodiscard]] const T& value() const& {
     check();
-    return std::get<0>(state_);
+    return *value_;
   }
   [[nodiscard]] T&& value() && {
     check();
-    return std::get<0>(std::move(state_));
+    return std::move(*value_);
   }
 
   // The error. Precondition: !ok().
-  [[nodiscard]] const Error& error() const& { return std::get<1>(state_); }
+  [[nodiscard]] const Error& error() const& { return error_; }
 
  private:
   void check() const {
-    if (!ok())
-      detail::throw_or_abort<BadOutcomeAccess>(
-          "Outcome::value() called on an outcome without a value", std::get<1>(state_));
+    if (!ok()) detail::throw_or_abort<BadOutcomeAccess>("Outcome::value() called on an outcome without a value", error_);
   }
 
-  std::variant<T, Error> state_;
+  // The value, or (empty) the error. Two members rather than a std::variant: the same
+  // meaning without <variant>'s compile cost; an ok outcome's Error is default-constructed
+  // (an empty string, no allocation).
+  std::optional<T> value_;
+  Error error_{};
 };
 
 // Cancellation. A caller keeps a CancellationSource and passes source.get_token() with a

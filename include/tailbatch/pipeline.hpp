@@ -29,23 +29,31 @@
 // poll(), which forms and runs every batch due at the clock's current
 // time in the calling thread. See docs/pipeline.md.
 //
-// Where the parts are: a request is queued in detail/submit_shards.hpp (ingress: the
-// submit shards and the queue's places), a batch is formed in detail/batch_former.hpp (the
-// staged queue, the purge of expired and cancelled requests, the policy's decision), and a
-// result is delivered through detail/pipeline_completion.hpp. This file composes them: the
-// public API, the leader protocol (who forms the next batch, its sleep and wake-up, lane
-// leasing), execution and completion, and the metrics. It stays longer than the core's
-// usual 700 lines because most of it is the public API's documentation (the types and
-// members users read), and the rest shares the Pipeline's counters and state so closely
-// (every outcome is counted, timed and released to the admission policy in one place)
-// that splitting it further would pass that state around rather than hide it.
+// Where the parts are (include/tailbatch/detail/):
+//   submit_shards.hpp        where a request is queued: the per-thread submit shards and
+//                            the queue's places (ingress);
+//   pipeline_entry.hpp       what a queued request is (request, completion, deadline,
+//                            cancellation hook, admission ticket, cost);
+//   queue_staging.hpp,       where a batch is formed: the staged queue, the purge of
+//   batch_former.hpp         expired and cancelled requests, the policy's decision;
+//   pipeline_batch.hpp       the formed batch and the check, as a lane starts it, that
+//                            drops what may no longer start;
+//   leader_signal.hpp        how the batch leader sleeps and who wakes it;
+//   pipeline_completion.hpp  how a result is delivered (future or callback);
+//   pipeline_metrics.hpp     what is counted and exported (tailbatch_pipeline_*);
+//   pipeline_occupancy.hpp   the time integrals behind occupancy() and the Little's-law check.
+// This file composes them: the public API and its types, the leader's turn (ingest, purge,
+// decide, lease a lane, or sleep), execution and completion. It stays longer than the
+// core's usual 700 lines because about half of it is the public API's documentation (the
+// types and members users read), and the rest is the one place where every outcome is
+// counted, timed and released to the admission policy: splitting it further would pass
+// the Pipeline's state around rather than hide it.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
-#include <cmath>
 #include <chrono>
 #include <concepts>
 #include <condition_variable>
@@ -74,7 +82,12 @@
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/cycle_stamp.hpp>
+#include <tailbatch/detail/math.hpp>
+#include <tailbatch/detail/leader_signal.hpp>
+#include <tailbatch/detail/pipeline_batch.hpp>
 #include <tailbatch/detail/pipeline_completion.hpp>
+#include <tailbatch/detail/pipeline_entry.hpp>
+#include <tailbatch/detail/pipeline_metrics.hpp>
 #include <tailbatch/detail/pipeline_occupancy.hpp>
 #include <tailbatch/detail/submit_shards.hpp>
 #include <tailbatch/detail/batch_former.hpp>
@@ -132,7 +145,7 @@ struct PipelineConfig {
   bool check_admission_limit = true;
   // Metrics (tailbatch_pipeline_*), registered at construction with metric_labels added
   // to each. nullptr: none, at no cost. The registry must outlive the Pipeline.
-  MetricsRegistry* metrics = nullptr;
+  PipelineMetricsTarget metrics = nullptr;
   Labels metric_labels{};
   // Where the Pipeline writes the few lines it has to say: the one-time warning that
   // callers blocked on futures limit the batch size, and the Little's-law check's finding
@@ -217,7 +230,7 @@ struct OccupancyWindow {
   w.throughput_per_s = static_cast<double>(done) / seconds;
   if (done > 0) {
     const double mean = std::max(0.0, (to.latency_s - from.latency_s) / static_cast<double>(done));
-    w.mean_latency = std::chrono::nanoseconds(std::llround(mean * 1e9));
+    w.mean_latency = std::chrono::nanoseconds(detail::llround(mean * 1e9));
   }
   return w;
 }
@@ -229,22 +242,6 @@ struct PollResult {
 };
 
 namespace detail {
-
-// Registered on a request's cancellation token: marks it and wakes the batch leader.
-struct CancelHook {
-  struct Fire {
-    CancelHook* self;
-    void operator()() const noexcept {
-      self->fired.store(true, std::memory_order_release);
-      self->notify(self->owner);
-    }
-  };
-  CancelHook(void (*n)(void*) noexcept, void* o) noexcept : notify(n), owner(o) {}
-  std::atomic<bool> fired{false};
-  void (*notify)(void*) noexcept;
-  void* owner;
-  std::optional<std::stop_callback<Fire>> callback;  // last: unregistered first
-};
 
 template <class C>
 inline constexpr bool is_real_time_clock = std::is_same_v<C, SteadyClock>;
@@ -367,7 +364,7 @@ class Pipeline {
     FutureDone f;
     std::future<Outcome<Resp>> future = f.promise.get_future();
     detail::Completion<Resp> done(std::move(f));
-    future_waiters_.fetch_add(1, std::memory_order_relaxed);
+    counters_.future_waiters.fetch_add(1, std::memory_order_relaxed);
     enqueue(std::move(req), options, std::move(done));
     return future;
   }
@@ -408,12 +405,7 @@ class Pipeline {
   void shutdown() noexcept {
     std::lock_guard once(shutdown_mu_);
     if (shut_down_) return;
-    {
-      std::lock_guard lock(mu_);
-      drain_deadline_ = detail::saturating_add(clock_.now(), config_.drain_timeout);
-      closing_.store(true, std::memory_order_release);
-    }
-    work_cv_.notify_all();
+    signal_.close(detail::saturating_add(clock_.now(), config_.drain_timeout));
     if (threaded_) {
       for (std::thread& t : workers_) {
         if (t.joinable()) t.join();
@@ -429,18 +421,20 @@ class Pipeline {
     return shards_.queued_approx();
   }
   // Requests in batches being executed or completed right now. Racy. Thread-safe.
-  [[nodiscard]] std::size_t in_flight_approx() const noexcept { return in_flight_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::size_t in_flight_approx() const noexcept {
+    return counters_.in_flight.load(std::memory_order_relaxed);
+  }
   // The recent rate at which batches take requests off the queue, per second (0 until
   // measured). Racy. Thread-safe.
-  [[nodiscard]] double drain_rate_approx() const noexcept { return drain_rate_.load(std::memory_order_relaxed); }
+  [[nodiscard]] double drain_rate_approx() const noexcept {
+    return counters_.drain_rate.load(std::memory_order_relaxed);
+  }
   // Future-returning submits whose outcome is not yet set: in a server that blocks a
   // thread on each future, the callers blocked right now. When these are fewer than
   // max_batch x lane slots, they cap the batch size; batches that look capped so are
   // counted (stats().submitter_limited_batches) and, with Config::log set, reported once.
   // Racy. Thread-safe.
-  [[nodiscard]] std::size_t blocked_submitters_approx() const noexcept {
-    return static_cast<std::size_t>(std::max<std::int64_t>(0, future_waiters_.load(std::memory_order_relaxed)));
-  }
+  [[nodiscard]] std::size_t blocked_submitters_approx() const noexcept { return counters_.blocked_submitters(); }
 
   // The time integrals of requests held, read now (see PipelineOccupancy): two readings
   // give the time-averaged in-pipeline, queued and executing counts, the throughput and
@@ -471,8 +465,8 @@ class Pipeline {
     const OccupancyWindow w = occupancy_between(littles_last_, now);
     LittlesLawCheck c = tailbatch::check_littles_law(w.throughput_per_s, w.mean_latency, w.mean_in_pipeline, threshold);
     littles_last_ = now;
-    littles_deviation_.store(c.relative_deviation, std::memory_order_relaxed);
-    littles_suspected_.store(c.hidden_queue_suspected, std::memory_order_relaxed);
+    counters_.littles_deviation.store(c.relative_deviation, std::memory_order_relaxed);
+    counters_.littles_suspected.store(c.hidden_queue_suspected, std::memory_order_relaxed);
     if (c.hidden_queue_suspected) log_line("tailbatch: pipeline Little's law check: " + c.explanation);
     return c;
   }
@@ -483,20 +477,21 @@ class Pipeline {
     PipelineStats s;
     s.submitted = shards_.accepted_exact();
     s.queued = queued_approx();
-    s.submitted += inline_submitted_.load(std::memory_order_relaxed);
-    for (std::size_t i = 0; i < s.by_status.size(); ++i) s.by_status[i] = by_status_[i].load(std::memory_order_relaxed);
+    const detail::PipelineCounters& c = counters_;
+    s.submitted += c.inline_submitted.load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < s.by_status.size(); ++i) s.by_status[i] = c.by_status[i].load(std::memory_order_relaxed);
     for (std::size_t i = 0; i < s.rejected_by_reason.size(); ++i) {
-      s.rejected_by_reason[i] = rejected_by_reason_[i].load(std::memory_order_relaxed);
+      s.rejected_by_reason[i] = c.rejected_by_reason[i].load(std::memory_order_relaxed);
     }
     for (std::size_t i = 0; i < s.batches_by_reason.size(); ++i) {
-      s.batches_by_reason[i] = dispatched_[i].load(std::memory_order_relaxed);
+      s.batches_by_reason[i] = c.dispatched[i].load(std::memory_order_relaxed);
     }
-    s.batched_requests = batched_requests_.load(std::memory_order_relaxed);
-    s.callback_exceptions = callback_exceptions_.load(std::memory_order_relaxed);
-    s.dropped_at_start = dropped_at_start_.load(std::memory_order_relaxed);
-    s.submitter_limited_batches = submitter_limited_.load(std::memory_order_relaxed);
-    s.blocked_submitters = blocked_submitters_approx();
-    s.in_flight = in_flight_.load(std::memory_order_relaxed);
+    s.batched_requests = c.batched_requests.load(std::memory_order_relaxed);
+    s.callback_exceptions = c.callback_exceptions.load(std::memory_order_relaxed);
+    s.dropped_at_start = c.dropped_at_start.load(std::memory_order_relaxed);
+    s.submitter_limited_batches = c.submitter_limited.load(std::memory_order_relaxed);
+    s.blocked_submitters = c.blocked_submitters();
+    s.in_flight = c.in_flight.load(std::memory_order_relaxed);
     return s;
   }
 
@@ -520,97 +515,19 @@ class Pipeline {
   };
   static_assert(detail::Completion<Resp>::template fits_inline<FutureDone>);
 
-  struct Meta {
-    detail::Completion<Resp> done;
-    BatchTime arrival;
-    BatchTime deadline;  // the latest start
-    std::unique_ptr<Hook> cancel;
-    [[no_unique_address]] Ticket ticket;
-  };
+  using Entry = detail::PipelineEntry<Req, Resp, Ticket, detail::policy_uses_cost<Policy>()>;
+  using EntryTraits = detail::PipelineEntryTraits<Entry>;
+  using Meta = typename Entry::Meta;
 
-  // The request's cost is stored only for policies that read it.
-  struct NoCost {};
-  using CostField = std::conditional_t<detail::policy_uses_cost<Policy>(), std::size_t, NoCost>;
-
-  struct EntryFields {
-    Req req;
-    Meta meta;
-    [[no_unique_address]] CostField cost;
-  };
-  // One cache line per entry when it fits in one: submitters on different cores then
-  // never write the same line, and the leader reads each entry with one miss.
-  static constexpr std::size_t entry_align =
-      sizeof(EntryFields) <= 64 ? 64 : alignof(EntryFields);
-
-  // A queued request. Its priority and bucket are those of the sub-queue holding it.
-  struct alignas(entry_align) Entry {
-    Req req;
-    Meta meta;
-    [[no_unique_address]] CostField cost;
-
-    Entry(Req&& r, detail::Completion<Resp>&& d, BatchTime arrival, std::unique_ptr<Hook>&& h, Ticket&& t,
-          BatchTime dl, [[maybe_unused]] std::size_t c)
-        : req(std::move(r)), meta{std::move(d), arrival, dl, std::move(h), std::move(t)} {
-      if constexpr (std::is_same_v<CostField, std::size_t>) cost = c;
-    }
-
-    [[nodiscard]] std::size_t cost_value() const noexcept {
-      if constexpr (std::is_same_v<CostField, std::size_t>) {
-        return cost;
-      } else {
-        return 1;
-      }
-    }
-  };
-
-  // A taken or completed entry has given its completion away.
-  struct EntryTraits {
-    static bool gone(const Entry& e) noexcept { return !e.meta.done; }
-    static BatchTime deadline(const Entry& e) noexcept { return e.meta.deadline; }
-    static BatchTime arrival(const Entry& e) noexcept { return e.meta.arrival; }
-    static bool cancelled(const Entry& e) noexcept {
-      return e.meta.cancel && e.meta.cancel->fired.load(std::memory_order_acquire);
-    }
-    static std::size_t cost(const Entry& e) noexcept { return e.cost_value(); }
-  };
-
-  struct Batch {
-    std::vector<Req> reqs;
-    std::vector<Resp> resps;
-    std::vector<Meta> metas;
-    std::size_t padded = 0;
-    DispatchReason reason = DispatchReason::window;
-    BatchTime opened{};  // the first request's arrival
-    BatchTime formed{};
-    BatchTime earliest_deadline = BatchTime::max();
-    bool cancellable = false;  // some request has a cancellation token
-    // Looked limited by blocked submitters: report it (once) after the model call.
-    bool warn_submitters = false;
-    std::size_t blocked = 0;  // blocked submitters when it formed
-    // Scratch for the requests dropped when the batch starts, and for those kept.
-    std::vector<Meta> dropped;
-    std::vector<Status> dropped_status;
-    std::vector<Req> kept_reqs;
-    std::vector<Meta> kept_metas;
-  };
+  using Batch = detail::PipelineBatch<Req, Resp, Meta>;
 
   // formed: a batch, with a lane leased for it. no_lane: a batch is due but every lane
   // slot is busy (manual stepping only; a worker waits for one).
   enum class Lead : std::uint8_t { formed, idle, finished, no_lane };
   using LeaseSlot = std::optional<typename Lanes::Lease>;
 
-  struct Metrics {
-    std::array<LatencyHistogram*, 4> hist{};  // queue wait, formation, model, end to end
-    std::array<Counter*, dispatch_reason_count> dispatch{};
-    std::vector<Counter*> by_size;  // index: bit_width(size - 1)
-    Counter* batched = nullptr;
-    std::array<Counter*, 8> outcomes{};
-    Counter* callback_exceptions = nullptr;
-    Counter* submitter_limited = nullptr;
-    std::vector<CallbackRegistration> gauges;
-  };
-  enum Hist : std::size_t { queue_wait = 0, formation = 1, model_time = 2, end_to_end = 3 };
 
+  using Hist = detail::PipelineMetrics::Hist;
   using Shards = detail::SubmitShards<Entry>;
   using Former = detail::BatchFormer<Entry, EntryTraits, Policy>;
   using Round = typename Former::Round;
@@ -638,9 +555,13 @@ class Pipeline {
     validate();
     total_slots_ = lanes_->size() * lanes_->lane_capacity();
     littles_last_.at = occupancy_.read(BatchTime{}).at;
-    reserve(manual_batch_);
-    if (config_.metrics != nullptr) register_metrics(*config_.metrics);
-    last_rate_sample_ = clock_.now();
+    manual_batch_.reserve(max_batch_);
+    drain_.start(clock_.now());
+    metrics_ = config_.metrics.register_pipeline(
+        config_.metric_labels,
+        detail::PipelineGaugeSources{&counters_, max_batch_, this, [](const void* self) noexcept {
+                                       return static_cast<const Pipeline*>(self)->queued_approx();
+                                     }});
     if constexpr (cycle_stamps) {
       if (detail::cycle_counter_is_constant()) {
         // Three readings, the tightest kept (the allowance before any is known is generous).
@@ -674,7 +595,7 @@ class Pipeline {
     }
   }
 
-  void validate() {
+  [[gnu::cold]] void validate() {
     if (!model_) detail::throw_invalid_argument("Pipeline: model must be set");
     if (lanes_ == nullptr) detail::throw_invalid_argument("Pipeline: lanes must be set");
     if (admission_ == nullptr) detail::throw_invalid_argument("Pipeline: admission must be set");
@@ -722,16 +643,6 @@ class Pipeline {
     }
   }
 
-  void reserve(Batch& b) {
-    b.reqs.reserve(max_batch_);
-    b.resps.reserve(max_batch_);
-    b.metas.reserve(max_batch_);
-    b.dropped.reserve(max_batch_);
-    b.dropped_status.reserve(max_batch_);
-    b.kept_reqs.reserve(max_batch_);
-    b.kept_metas.reserve(max_batch_);
-  }
-
   // ---- submit side -------------------------------------------------------------------
 
   void enqueue(Req&& req, const SubmitOptions& options, detail::Completion<Resp>&& done) noexcept {
@@ -740,7 +651,7 @@ class Pipeline {
     BatchTime now{};
     const bool timed = options.timeout != std::chrono::nanoseconds::zero() || options.deadline != BatchTime::max();
     if constexpr (cycle_stamps) {
-      if (!timed && stamp_cycles_.load(std::memory_order_relaxed)) {
+      if (!timed && signal_.stamp_cycles.load(std::memory_order_relaxed)) {
         const std::uint64_t cycles = detail::read_cycle_counter();
         if (cycles < detail::max_stamp_cycles) now = detail::cycles_as_stamp(cycles);
       }
@@ -757,7 +668,7 @@ class Pipeline {
     if (options.timeout > std::chrono::nanoseconds::zero()) {
       deadline = std::min(deadline, detail::saturating_add(arrival, options.timeout));
     }
-    if (closing_.load(std::memory_order_relaxed)) {
+    if (signal_.closing(std::memory_order_relaxed)) {
       return reject_inline(done, RejectReason::shutting_down, "tailbatch: the pipeline is shutting down");
     }
     if (options.cancel.stop_requested()) {
@@ -829,7 +740,7 @@ class Pipeline {
     // arguments are moved from: on failure they are still ours.
     const bool threw = detail::call_guarded(
         [&] {
-          pushed = shards_.push(my_shard, sub, closing_, now, [&](std::vector<Entry>& chunk) {
+          pushed = shards_.push(my_shard, sub, signal_.closing_flag(), now, [&](std::vector<Entry>& chunk) {
             const Entry& e = chunk.emplace_back(std::move(req), std::move(done), arrival, std::move(hook),
                                                 std::move(*ticket), deadline, cost);
             // A stop that landed between the token check and now found nothing queued to
@@ -843,16 +754,7 @@ class Pipeline {
                            Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}}, std::move(hook));
     }
     if (pushed == Shards::Push::queued) {
-      if (fired) cancel_pending_.store(true, std::memory_order_seq_cst);
-      if (leader_sleeping_.load(std::memory_order_seq_cst)) {
-        // Only while the leader sleeps are arrivals counted: it asked to be woken by so
-        // many more, or by a deadline earlier than a mark.
-        const std::uint64_t arrived = sleep_arrivals_.fetch_add(1, std::memory_order_relaxed) + 1;
-        if (arrived >= wake_after_arrivals_.load(std::memory_order_relaxed) ||
-            deadline.time_since_epoch().count() < wake_if_deadline_before_.load(std::memory_order_relaxed) || fired) {
-          wake_leader();
-        }
-      }
+      signal_.arrived(deadline, fired);
       return;
     }
     // The hook is destroyed in finish_inline, outside the lock its callback takes.
@@ -865,7 +767,7 @@ class Pipeline {
   }
 
   // A request whose cost no batch can hold.
-  void reject_too_large(detail::Completion<Resp>& done, std::size_t cost) noexcept {
+  [[gnu::cold]] void reject_too_large(detail::Completion<Resp>& done, std::size_t cost) noexcept {
     std::string message;
     detail::call_guarded(
         [&] {
@@ -876,58 +778,22 @@ class Pipeline {
     reject_inline(done, RejectReason::too_large, std::move(message));
   }
 
-  // Ends the leader's sleep, once (a waker that finds it awake does nothing).
-  void wake_leader() noexcept {
-    bool wake = false;
-    {
-      std::lock_guard lock(mu_);
-      wake = leader_sleeping_.exchange(false, std::memory_order_seq_cst);
-    }
-    if (wake) work_cv_.notify_one();
-  }
-
   // The time the current drain rate needs to empty the queue as it stands.
   // The depth is the places not in the pool (one load, for a fast refusal): the queue,
   // plus the few places shards have claimed and not used yet.
   std::chrono::nanoseconds retry_after_hint() const noexcept {
-    const double rate = drain_rate_.load(std::memory_order_relaxed);
-    if (rate <= 0.0) return std::chrono::nanoseconds{0};
-    const double depth = static_cast<double>(std::max<std::size_t>(1, shards_.places_in_use_approx()));
-    const double seconds = std::min(depth / rate, 60.0);
-    return std::chrono::nanoseconds(std::llround(seconds * 1e9));
+    return detail::DrainRate::retry_after(counters_.drain_rate.load(std::memory_order_relaxed),
+                                          shards_.places_in_use_approx());
   }
 
-  static void on_cancel(void* self) noexcept {
-    auto* p = static_cast<Pipeline*>(self);
-    // Pairs with the leader's store to leader_sleeping_ and its look at cancel_pending_.
-    p->cancel_pending_.store(true, std::memory_order_seq_cst);
-    if (p->leader_sleeping_.load(std::memory_order_seq_cst)) p->wake_leader();
-  }
+  static void on_cancel(void* self) noexcept { static_cast<Pipeline*>(self)->signal_.cancelled(); }
 
   void count_inline(Status s, RejectReason r) noexcept {
-    inline_submitted_.fetch_add(1, std::memory_order_relaxed);
+    counters_.inline_submitted.fetch_add(1, std::memory_order_relaxed);
     count_status(s, r, 1);
   }
 
-  void count_status(Status s, RejectReason r, std::uint64_t n) noexcept {
-    if (n == 0) return;
-    by_status_[static_cast<std::size_t>(s)].fetch_add(n, std::memory_order_relaxed);
-    if (s == Status::rejected) rejected_by_reason_[static_cast<std::size_t>(r)].fetch_add(n, std::memory_order_relaxed);
-    if (metrics_) {
-      if (Counter* c = metrics_->outcomes[outcome_index(s, r)]) c->inc(n);
-    }
-  }
-
-  static std::size_t outcome_index(Status s, RejectReason r) noexcept {
-    switch (s) {
-      case Status::ok: return 0;
-      case Status::rejected: return std::clamp<std::size_t>(static_cast<std::size_t>(r), 1, 4);
-      case Status::deadline_exceeded: return 5;
-      case Status::cancelled: return 6;
-      case Status::failed: return 7;
-    }
-    return 7;
-  }
+  void count_status(Status s, RejectReason r, std::uint64_t n) noexcept { counters_.count(s, r, n, metrics_.get()); }
 
   void reject_inline(detail::Completion<Resp>& done, RejectReason r, std::string message,
                      std::chrono::nanoseconds retry_after = std::chrono::nanoseconds{0}) noexcept {
@@ -959,14 +825,11 @@ class Pipeline {
 
   void deliver(detail::Completion<Resp>& done, Outcome<Resp>&& o) noexcept {
     // Before the outcome is set: whoever it wakes sees itself no longer blocked.
-    if (done.template holds<FutureDone>()) future_waiters_.fetch_sub(1, std::memory_order_relaxed);
+    if (done.template holds<FutureDone>()) counters_.future_waiters.fetch_sub(1, std::memory_order_relaxed);
     if (detail::call_guarded([&] { done(std::move(o)); }, [](const char*) {})) note_callback_exception();
   }
 
-  void note_callback_exception() noexcept {
-    callback_exceptions_.fetch_add(1, std::memory_order_relaxed);
-    if (metrics_ && metrics_->callback_exceptions) metrics_->callback_exceptions->inc();
-  }
+  void note_callback_exception() noexcept { counters_.callback_threw(metrics_.get()); }
 
   static std::chrono::nanoseconds elapsed(BatchTime from, BatchTime to) noexcept {
     return to > from ? std::chrono::duration_cast<std::chrono::nanoseconds>(to - from) : std::chrono::nanoseconds{0};
@@ -982,7 +845,7 @@ class Pipeline {
 #endif
     Batch batch;
     // Without the reservation (out of memory) the batch still forms, allocating as it goes.
-    (void)detail::call_guarded([&] { reserve(batch); }, [](const char*) {});
+    (void)detail::call_guarded([&] { batch.reserve(max_batch_); }, [](const char*) {});
     LeaseSlot lease;
     for (;;) {
       Lead r;
@@ -1008,7 +871,7 @@ class Pipeline {
     return lease;
   }
 
-  void drain_in_caller() noexcept {
+  [[gnu::cold]] void drain_in_caller() noexcept {
     LeaseSlot lease;
     for (;;) {
       std::unique_lock lead(lead_mu_);
@@ -1047,19 +910,10 @@ class Pipeline {
         lease.reset();
         return Lead::finished;
       }
-      bool closing = false;
-      bool cancels = false;
-      BatchTime drain_deadline = BatchTime::max();
-      closing = closing_.load(std::memory_order_acquire);
-      if (closing) {
-        std::lock_guard lock(mu_);
-        drain_deadline = drain_deadline_;
-      }
-      // Looked at before it is cleared: the flag shares a cache line with what every
-      // submit reads, and a write per turn would take that line from them. (A flag set
-      // just after this look is seen before the leader sleeps.)
-      cancels = cancel_pending_.load(std::memory_order_relaxed) && cancel_pending_.exchange(false, std::memory_order_seq_cst);
-      // Once closing, every shard: a submitter that saw closing_ false under a shard's
+      const bool closing = signal_.closing();
+      const BatchTime drain_deadline = closing ? signal_.drain_deadline() : BatchTime::max();
+      const bool cancels = signal_.take_cancels();
+      // Once closing, every shard: a submitter that saw closing false under a shard's
       // lock has queued by the time this takes that lock.
       shards_.take(closing, [this](std::vector<std::vector<Entry>>& free_list, std::size_t most) {
         former_.staged().give_back_chunks(free_list, most);
@@ -1071,8 +925,8 @@ class Pipeline {
         now = r.time;
         cycles = r.cycles;
         const bool usable = calibration_.update(r.time, r.cycles, r.spread);
-        if (usable != stamp_cycles_.load(std::memory_order_relaxed)) {
-          stamp_cycles_.store(usable, std::memory_order_relaxed);
+        if (usable != signal_.stamp_cycles.load(std::memory_order_relaxed)) {
+          signal_.stamp_cycles.store(usable, std::memory_order_relaxed);
         }
       } else {
         now = clock_.now();
@@ -1127,32 +981,15 @@ class Pipeline {
         // Newcomers end the spin only once there are enough to change the decision, as
         // they would end a sleep: the spinning leader leaves the shards to the submitters.
         const std::uint64_t enough = shards_.taken_total() + std::max<std::size_t>(1, round.wake_delta);
-        while (clock_.now() < wake_at && !closing_.load(std::memory_order_relaxed) &&
+        while (clock_.now() < wake_at && !signal_.closing(std::memory_order_relaxed) &&
                (!shards_.any_dirty(std::memory_order_relaxed) || shards_.accepted_approx() < enough)) {
           detail::cpu_relax();
         }
         continue;
       }
-      std::unique_lock lock(mu_);
-      sleep_arrivals_.store(0, std::memory_order_relaxed);
-      wake_after_arrivals_.store(std::max<std::size_t>(1, round.wake_delta), std::memory_order_relaxed);
-      wake_if_deadline_before_.store(round.wait.decide_again_if_deadline_before.time_since_epoch().count(),
-                                     std::memory_order_relaxed);
-      leader_sleeping_.store(true, std::memory_order_seq_cst);
-      // Pairs with a submitter's flagging of its shard (or a canceller's flag) and its
-      // look at leader_sleeping_: either this sees the newcomer, or the newcomer sees
-      // the leader asleep.
-      if (shards_.any_dirty(std::memory_order_seq_cst) || cancel_pending_.load(std::memory_order_seq_cst) ||
-          closing_.load(std::memory_order_relaxed) != closing) {
-        leader_sleeping_.store(false, std::memory_order_relaxed);
-        continue;
-      }
-      if (wake_at == BatchTime::max()) {
-        work_cv_.wait(lock);
-      } else {
-        work_cv_.wait_until(lock, early);
-      }
-      leader_sleeping_.store(false, std::memory_order_relaxed);
+      signal_.sleep(wake_at == BatchTime::max() ? BatchTime::max() : early, round.wake_delta,
+                    round.wait.decide_again_if_deadline_before, closing,
+                    [this] { return shards_.any_dirty(std::memory_order_seq_cst); });
     }
   }
 
@@ -1222,7 +1059,7 @@ class Pipeline {
     count_status(s, err.reason, 1);
     const auto latency = elapsed(m.arrival, now);
     admission_->release(std::move(m.ticket), s, latency);
-    if (metrics_) metrics_->hist[end_to_end]->record(latency);
+    if (metrics_) metrics_->hist[Hist::end_to_end]->record(latency);
     occupancy_.leave(now, 1, from_batch ? 1 : 0, formed, latency);
     deliver(m.done, Outcome<Resp>(std::move(err)));
   }
@@ -1261,46 +1098,27 @@ class Pipeline {
     if constexpr (requires(const Lanes& l) { { l.free_slots_approx() } -> std::convertible_to<std::size_t>; }) {
       return std::min(total_slots_, static_cast<std::size_t>(lanes_->free_slots_approx()) + (holding ? 1 : 0));
     } else {
-      const std::size_t running = running_batches_.load(std::memory_order_relaxed);
+      const std::size_t running = counters_.running_batches.load(std::memory_order_relaxed);
       // A held slot is idle even while the batch that left it is still counted as running.
       return std::max<std::size_t>(holding ? 1 : 0, total_slots_ > running ? total_slots_ - running : 0);
     }
   }
 
   void form(Batch& b, const Round& round, BatchTime now) noexcept {
-    b.reqs.clear();
-    b.resps.clear();
-    b.metas.clear();
-    b.opened = BatchTime::max();
-    b.earliest_deadline = BatchTime::max();
-    b.cancellable = false;
+    b.begin();
     // Within the reserved capacity, and Entry moves are expected not to throw: an
     // exception here terminates (this is noexcept) rather than lose a request.
-    former_.form(round, [&](Entry& e) {
-      b.opened = std::min(b.opened, e.meta.arrival);
-      b.earliest_deadline = std::min(b.earliest_deadline, e.meta.deadline);
-      b.cancellable = b.cancellable || e.meta.cancel != nullptr;
-      b.reqs.push_back(std::move(e.req));
-      b.metas.push_back(std::move(e.meta));  // leaves e gone
-    });
+    former_.form(round, [&](Entry& e) { b.take(e); });  // leaves e gone
     const std::size_t n = b.metas.size();
-    b.padded = n;
-    if constexpr (std::copy_constructible<Req>) {
-      const std::size_t want = round.decision.padded_size;
-      if (want > n && n > 0) {
-        detail::call_guarded([&] { while (b.reqs.size() < want) b.reqs.push_back(b.reqs[n - 1]); },
-                             [&](const char*) { b.reqs.resize(n); });
-        b.padded = b.reqs.size();
-      }
-    }
+    b.pad_to(round.decision.padded_size);
     b.reason = round.decision.reason;
     b.formed = now;
-    in_flight_.fetch_add(n, std::memory_order_relaxed);
-    update_drain_rate(n, now);
+    counters_.in_flight.fetch_add(n, std::memory_order_relaxed);
+    drain_.update(n, now, counters_.drain_rate);
     note_submitter_limit(b, n);
     if (metrics_) {
-      metrics_->hist[formation]->record(elapsed(b.opened, now));
-      for (const Meta& m : b.metas) metrics_->hist[queue_wait]->record(elapsed(m.arrival, now));
+      metrics_->hist[Hist::formation]->record(elapsed(b.opened, now));
+      for (const Meta& m : b.metas) metrics_->hist[Hist::queue_wait]->record(elapsed(m.arrival, now));
     }
   }
 
@@ -1319,24 +1137,13 @@ class Pipeline {
       submitter_streak_ = 0;
       return;
     }
-    submitter_limited_.fetch_add(1, std::memory_order_relaxed);
+    counters_.submitter_limited.fetch_add(1, std::memory_order_relaxed);
     if (metrics_) metrics_->submitter_limited->inc();
     if (++submitter_streak_ >= submitter_warn_after && !submitter_warned_) {
       submitter_warned_ = true;
       b.warn_submitters = true;
       b.blocked = blocked;
     }
-  }
-
-  void update_drain_rate(std::size_t n, BatchTime now) noexcept {
-    rate_count_ += n;
-    const auto dt = now - last_rate_sample_;
-    if (dt < std::chrono::milliseconds(10)) return;
-    const double inst = static_cast<double>(rate_count_) / std::chrono::duration<double>(dt).count();
-    const double old = drain_rate_.load(std::memory_order_relaxed);
-    drain_rate_.store(old <= 0.0 ? inst : 0.5 * old + 0.5 * inst, std::memory_order_relaxed);
-    rate_count_ = 0;
-    last_rate_sample_ = now;
   }
 
   // ---- execution and completion (no lock held) ---------------------------------------
@@ -1350,9 +1157,11 @@ class Pipeline {
   void run_batch(Batch& b, LeaseSlot& lease) noexcept {
     const std::size_t lane_index = lease->index();
     Lane& lane = lease->lane();
-    running_batches_.fetch_add(1, std::memory_order_relaxed);
+    counters_.running_batches.fetch_add(1, std::memory_order_relaxed);
     const BatchTime start = clock_.now();
-    if (start > b.earliest_deadline || b.cancellable) drop_unstartable(b, start);
+    if (start > b.earliest_deadline || b.cancellable) {
+      counters_.dropped_at_start.fetch_add(b.drop_unstartable(start, policy_pads()), std::memory_order_relaxed);
+    }
     const std::size_t n = b.metas.size();
     bool threw = false;
     std::string error;
@@ -1373,18 +1182,8 @@ class Pipeline {
     }
     // The lane is free before the completions run.
     lease.reset();
-    running_batches_.fetch_sub(1, std::memory_order_relaxed);
-    if (n > 0) {
-      dispatched_[static_cast<std::size_t>(b.reason)].fetch_add(1, std::memory_order_relaxed);
-      batched_requests_.fetch_add(n, std::memory_order_relaxed);
-      if (metrics_) {
-        metrics_->dispatch[static_cast<std::size_t>(b.reason)]->inc();
-        metrics_->batched->inc(n);
-        const auto bucket = static_cast<std::size_t>(std::bit_width(n - 1));
-        if (bucket < metrics_->by_size.size()) metrics_->by_size[bucket]->inc();
-        metrics_->hist[model_time]->record(elapsed(start, end));
-      }
-    }
+    counters_.running_batches.fetch_sub(1, std::memory_order_relaxed);
+    if (n > 0) counters_.batch_ran(b.reason, n, elapsed(start, end), metrics_.get());
     BatchDuration latency_sum{0};
     for (const Meta& m : b.metas) latency_sum += elapsed(m.arrival, end);
     occupancy_.leave(end, n, n, b.formed, latency_sum);
@@ -1393,7 +1192,7 @@ class Pipeline {
     std::uint64_t failed = 0;
     for (std::size_t i = 0; i < n; ++i) {
       Meta& m = b.metas[i];
-      const bool was_cancelled = m.cancel && m.cancel->fired.load(std::memory_order_acquire);
+      const bool was_cancelled = m.cancelled();
       m.cancel.reset();
       const auto latency = elapsed(m.arrival, end);
       if (was_cancelled) {
@@ -1410,7 +1209,7 @@ class Pipeline {
         admission_->release(std::move(m.ticket), Status::ok, latency);
         deliver(m.done, Outcome<Resp>(std::move(b.resps[i])));
       }
-      if (metrics_) metrics_->hist[end_to_end]->record(latency);
+      if (metrics_) metrics_->hist[Hist::end_to_end]->record(latency);
     }
     count_status(Status::ok, RejectReason::none, ok);
     count_status(Status::cancelled, RejectReason::none, cancelled);
@@ -1424,57 +1223,12 @@ class Pipeline {
                                           "tailbatch: the deadline passed before the request's batch could start", {}},
                     end, true, b.formed);
     }
-    b.metas.clear();
-    b.reqs.clear();
-    b.resps.clear();
-    b.dropped.clear();
-    b.dropped_status.clear();
-    in_flight_.fetch_sub(n + dropped, std::memory_order_relaxed);
+    b.finish();
+    counters_.in_flight.fetch_sub(n + dropped, std::memory_order_relaxed);
     if (b.warn_submitters) {
       b.warn_submitters = false;
       warn_submitter_limit(b.blocked);
     }
-  }
-
-  // Takes out of b the requests that must not start at `start`: past their deadline, or
-  // cancelled. Their completions are kept in b.dropped for after the model call. Never
-  // allocates (every vector is reserved for max_batch).
-  void drop_unstartable(Batch& b, BatchTime start) noexcept {
-    const std::size_t n = b.metas.size();
-    const auto unstartable = [&](const Meta& m) {
-      return start > m.deadline || (m.cancel && m.cancel->fired.load(std::memory_order_acquire));
-    };
-    if (std::none_of(b.metas.begin(), b.metas.end(), unstartable)) return;
-    b.kept_reqs.clear();
-    b.kept_metas.clear();
-    for (std::size_t i = 0; i < n; ++i) {
-      Meta& m = b.metas[i];
-      if (unstartable(m)) {
-        // A request both late and cancelled is reported cancelled.
-        const bool cancelled = m.cancel && m.cancel->fired.load(std::memory_order_acquire);
-        b.dropped_status.push_back(cancelled ? Status::cancelled : Status::deadline_exceeded);
-        b.dropped.push_back(std::move(m));
-      } else {
-        b.kept_reqs.push_back(std::move(b.reqs[i]));
-        b.kept_metas.push_back(std::move(m));
-      }
-    }
-    dropped_at_start_.fetch_add(b.dropped.size(), std::memory_order_relaxed);
-    const std::size_t kept = b.kept_metas.size();
-    // A padding policy's size is kept, with copies of the last request kept; otherwise
-    // the batch shrinks.
-    std::size_t padded = kept;
-    if constexpr (std::copy_constructible<Req>) {
-      if (policy_pads() && kept > 0) padded = b.padded;
-      detail::call_guarded([&] { while (b.kept_reqs.size() < padded) b.kept_reqs.push_back(b.kept_reqs[kept - 1]); },
-                           [&](const char*) { b.kept_reqs.resize(kept); });
-      padded = b.kept_reqs.size();
-    }
-    b.reqs.clear();
-    b.metas.clear();
-    std::swap(b.reqs, b.kept_reqs);
-    std::swap(b.metas, b.kept_metas);
-    b.padded = padded;
   }
 
   [[nodiscard]] bool policy_pads() const noexcept {
@@ -1485,101 +1239,16 @@ class Pipeline {
     }
   }
 
-  void warn_submitter_limit(std::size_t blocked) noexcept {
+  [[gnu::cold]] void warn_submitter_limit(std::size_t blocked) noexcept {
     if (!config_.log) return;
-    detail::call_guarded([&] {
-      const std::size_t cap = max_batch_ * total_slots_;
-      log_line("tailbatch: batch size looks limited by blocked submitters: " + std::to_string(blocked) +
-               " callers wait on futures, fewer than max_batch x lane slots = " + std::to_string(cap) +
-               ", and batches close by their window with nothing else queued. If the callers are a fixed pool of "
-               "threads (a thread per request), submit with a callback instead, or let at least " +
-               std::to_string(cap) + " callers wait at once.");
-    }, [](const char*) {});
+    detail::call_guarded([&] { log_line(detail::submitter_limit_message(blocked, max_batch_ * total_slots_)); },
+                         [](const char*) {});
   }
 
   // Writes one line to Config::log, if set; what it throws is dropped.
   void log_line(std::string_view line) noexcept {
     if (!config_.log) return;
     detail::call_guarded([&] { config_.log(line); }, [](const char*) {});
-  }
-
-  // ---- metrics -----------------------------------------------------------------------
-
-  void register_metrics(MetricsRegistry& r) {
-    auto m = std::make_unique<Metrics>();
-    const Labels& base = config_.metric_labels;
-    m->hist[queue_wait] = &r.histogram("tailbatch_pipeline_queue_wait_seconds",
-                                       "Time from submit until the request's batch was formed", base);
-    m->hist[formation] = &r.histogram("tailbatch_pipeline_batch_formation_seconds",
-                                      "Time from a batch's first request until the batch closed", base);
-    m->hist[model_time] = &r.histogram("tailbatch_pipeline_model_seconds", "Time spent in the model call, per batch",
-                                       base);
-    m->hist[end_to_end] = &r.histogram("tailbatch_pipeline_end_to_end_seconds",
-                                       "Time from submit until the request completed", base);
-    for (std::size_t i = 0; i < dispatch_reason_count; ++i) {
-      m->dispatch[i] = &r.counter("tailbatch_pipeline_batches_total", "Batches dispatched, by the reason they closed",
-                                  join_labels(base, {{"reason", std::string(to_string(static_cast<DispatchReason>(i)))}}));
-    }
-    m->batched = &r.counter("tailbatch_pipeline_batched_requests_total",
-                            "Requests executed in batches (padding excluded)", base);
-    // Size classes 1, 2, 3-4, 5-8, ...: index bit_width(size - 1).
-    const auto classes = static_cast<std::size_t>(std::bit_width(max_batch_ - 1)) + 1;
-    for (std::size_t i = 0; i < classes; ++i) {
-      const std::size_t hi = std::size_t{1} << i;
-      const std::size_t lo = i == 0 ? 1 : (std::size_t{1} << (i - 1)) + 1;
-      const std::string label = lo == hi ? std::to_string(hi) : std::to_string(lo) + "-" + std::to_string(hi);
-      m->by_size.push_back(&r.counter("tailbatch_pipeline_batch_size_total", "Batches dispatched, by size class",
-                                      join_labels(base, {{"size", label}})));
-    }
-    static constexpr std::array<std::pair<Status, RejectReason>, 8> outcomes{{
-        {Status::ok, RejectReason::none},
-        {Status::rejected, RejectReason::queue_full},
-        {Status::rejected, RejectReason::overloaded},
-        {Status::rejected, RejectReason::shutting_down},
-        {Status::rejected, RejectReason::too_large},
-        {Status::deadline_exceeded, RejectReason::none},
-        {Status::cancelled, RejectReason::none},
-        {Status::failed, RejectReason::none},
-    }};
-    for (const auto& [s, rr] : outcomes) {
-      m->outcomes[outcome_index(s, rr)] =
-          &r.counter("tailbatch_pipeline_requests_total", "Requests completed, by status and reject reason",
-                     join_labels(base, {{"status", std::string(to_string(s))}, {"reason", std::string(to_string(rr))}}));
-    }
-    m->callback_exceptions = &r.counter("tailbatch_pipeline_callback_exceptions_total",
-                                        "Completion callbacks that threw (caught and dropped)", base);
-    m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_queue_depth", "Requests waiting in the queue", base,
-                                         [this] { return static_cast<double>(queued_approx()); }));
-    m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_in_flight", "Requests in batches being executed", base,
-                                         [this] { return static_cast<double>(in_flight_approx()); }));
-    m->gauges.push_back(r.gauge_callback(
-        "tailbatch_pipeline_batch_fill_ratio", "Mean batch size over max_batch since start", base, [this] {
-          std::uint64_t batches = 0;
-          for (const auto& d : dispatched_) batches += d.load(std::memory_order_relaxed);
-          if (batches == 0) return 0.0;
-          return static_cast<double>(batched_requests_.load(std::memory_order_relaxed)) /
-                 (static_cast<double>(batches) * static_cast<double>(max_batch_));
-        }));
-    m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_drain_rate", "Requests taken off the queue per second",
-                                         base, [this] { return drain_rate_approx(); }));
-    m->submitter_limited = &r.counter(
-        "tailbatch_pipeline_submitter_limited_batches_total",
-        "Batches closed by their window short of max_batch with nothing else queued, while fewer callers waited on "
-        "futures than max_batch x lane slots",
-        base);
-    m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_blocked_submitters",
-                                         "Future-returning submits whose outcome is not yet set", base,
-                                         [this] { return static_cast<double>(blocked_submitters_approx()); }));
-    m->gauges.push_back(r.gauge_callback(
-        "tailbatch_pipeline_littles_law_deviation",
-        "Relative deviation of the time-averaged requests in the pipeline from throughput x mean latency, at the "
-        "last check_littles_law()",
-        base, [this] { return littles_deviation_.load(std::memory_order_relaxed); }));
-    m->gauges.push_back(r.gauge_callback(
-        "tailbatch_pipeline_hidden_queue_suspected",
-        "1 when the last check_littles_law() deviated by more than its threshold, else 0", base,
-        [this] { return littles_suspected_.load(std::memory_order_relaxed) ? 1.0 : 0.0; }));
-    metrics_ = std::move(m);
   }
 
   // ---- state -------------------------------------------------------------------------
@@ -1598,25 +1267,15 @@ class Pipeline {
 
   // Where submitters queue (ingress): shards, each under its own lock, merged by the leader.
   Shards shards_;
-  // The leader's sleep, under mu_ (the flags are read without it, to skip the lock).
-  alignas(64) mutable std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::atomic<bool> leader_sleeping_{false};
-  std::atomic<bool> cancel_pending_{false};
-  std::atomic<std::uint64_t> sleep_arrivals_{0};        // requests queued while it sleeps
-  std::atomic<std::uint64_t> wake_after_arrivals_{1};
-  std::atomic<typename BatchTime::rep> wake_if_deadline_before_{BatchTime::min().time_since_epoch().count()};
-  BatchTime drain_deadline_ = BatchTime::max();
-  std::atomic<bool> closing_{false};
-  std::atomic<bool> stamp_cycles_{false};  // submitters may stamp arrivals with the counter
+  // The leader's sleep and who wakes it; the closing and cycle-stamp flags.
+  detail::LeaderSignal signal_;
 
   // The leader's, under lead_mu_.
   std::mutex lead_mu_;
   Former former_;  // the staged queue and batch formation
   detail::CycleCalibration calibration_;  // the cycle counter's rate, for arrival stamps
   bool finished_ = false;
-  std::uint64_t rate_count_ = 0;
-  BatchTime last_rate_sample_{};
+  detail::DrainRate drain_;
   Batch manual_batch_;
   // Consecutive batches that looked limited by blocked submitters; the warning is given
   // once, after this many.
@@ -1624,34 +1283,19 @@ class Pipeline {
   std::size_t submitter_streak_ = 0;
   bool submitter_warned_ = false;
 
-  // Counters.
-  std::atomic<double> drain_rate_{0.0};
-  std::atomic<std::size_t> in_flight_{0};
-  std::atomic<std::uint64_t> inline_submitted_{0};
-  std::array<std::atomic<std::uint64_t>, 5> by_status_{};
-  std::array<std::atomic<std::uint64_t>, 5> rejected_by_reason_{};
-  std::array<std::atomic<std::uint64_t>, dispatch_reason_count> dispatched_{};
-  std::atomic<std::uint64_t> batched_requests_{0};
-  std::atomic<std::uint64_t> callback_exceptions_{0};
-  std::atomic<std::uint64_t> dropped_at_start_{0};
-  std::atomic<std::uint64_t> submitter_limited_{0};
-  std::atomic<std::size_t> running_batches_{0};  // this Pipeline's batches holding a lane slot
-  // Future-returning submits not yet completed; its own cache line, away from what every
-  // callback submit touches.
-  alignas(64) std::atomic<std::int64_t> future_waiters_{0};
+  // Counters (and the drain rate, in_flight, the blocked submitters), read by stats().
+  detail::PipelineCounters counters_;
 
   // The occupancy integrals and the Little's-law check's last reading.
   detail::OccupancyMeter occupancy_;
   std::mutex littles_mu_;
   PipelineOccupancy littles_last_{};
-  std::atomic<double> littles_deviation_{0.0};
-  std::atomic<bool> littles_suspected_{false};
 
   std::mutex shutdown_mu_;
   bool shut_down_ = false;
   std::vector<std::thread> workers_;
   // Last: destroyed first, so that no gauge callback reads a destroyed counter.
-  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<detail::PipelineMetrics> metrics_;
 };
 
 }  // namespace tailbatch

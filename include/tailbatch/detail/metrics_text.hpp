@@ -4,12 +4,13 @@
 #pragma once
 
 #include <charconv>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <system_error>
+
+#include <tailbatch/detail/math.hpp>
 
 namespace tailbatch::detail {
 
@@ -150,9 +151,9 @@ inline void append_finite_double(std::string& out, double v) {
 
 // A sample value as Prometheus writes it: NaN, +Inf and -Inf by name.
 inline void append_prometheus_double(std::string& out, double v) {
-  if (std::isnan(v)) {
+  if (detail::is_nan(v)) {
     out += "NaN";
-  } else if (std::isinf(v)) {
+  } else if (detail::is_inf(v)) {
     out += v > 0 ? "+Inf" : "-Inf";
   } else {
     append_finite_double(out, v);
@@ -161,7 +162,7 @@ inline void append_prometheus_double(std::string& out, double v) {
 
 // A JSON number; JSON has no NaN or infinities, so those become null.
 inline void append_json_double(std::string& out, double v) {
-  if (std::isfinite(v)) {
+  if (detail::is_finite(v)) {
     append_finite_double(out, v);
   } else {
     out += "null";
