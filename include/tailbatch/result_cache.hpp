@@ -59,6 +59,7 @@
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/frequency_sketch.hpp>
+#include <tailbatch/detail/optimistic_index.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/detail/tinylfu_store.hpp>
 #include <tailbatch/metrics.hpp>
@@ -243,6 +244,7 @@ class ResultCache {
       const std::size_t bytes = config_.max_bytes == 0 ? std::numeric_limits<std::size_t>::max()
                                                        : share(config_.max_bytes, i);
       shards_[i].store.emplace(entries, bytes, eq);
+      if constexpr (stripe_count > 0) shards_[i].stripes = std::make_unique<detail::HitStripe[]>(stripe_count);
       shards_[i].flights = std::make_unique<FlightMap>(
           8, detail::KeyRefHash{}, detail::KeyRefEqual<Key, KeyEqual>{eq});
     }
@@ -260,19 +262,13 @@ class ResultCache {
   [[nodiscard]] std::optional<Value> try_get(const Key& key) {
     const std::uint64_t h = mixed_hash(key);
     Shard& s = shard_of(h);
-    std::unique_lock lock(s.mu);
-    Node* n = s.store->find(key, h);
-    if (n == nullptr || expired(*n)) [[unlikely]] {
-      lock.release();  // missed() unlocks
-      missed(s, n, h);
-      return std::nullopt;
+    if constexpr (Store::optimistic) {
+      const auto found = s.store->probe(key, h);
+      if (optimistic_hit(s, h, found)) [[likely]] return std::optional<Value>(found.value());
+      return get_locked(s, key, h);  // out of line: the lock-free hit stays small enough to inline
+    } else {
+      return get_locked(s, key, h);
     }
-    std::optional<Value> v(n->value);
-    s.store->hit(n);
-    ++s.hits;
-    lock.unlock();
-    if (metrics_) metrics_->hits->inc();
-    return v;
   }
 
   // Stores (key, value), replacing an existing value; evicts to stay within bounds (the
@@ -332,6 +328,7 @@ class ResultCache {
       Shard& s = shards_[i];
       std::lock_guard lock(s.mu);
       account(-static_cast<std::ptrdiff_t>(s.store->size()), -static_cast<std::ptrdiff_t>(s.store->bytes()));
+      for (std::size_t j = 0; j < stripe_count; ++j) s.stripes[j].pending.store(0, std::memory_order_relaxed);
       s.store->clear();
     }
   }
@@ -357,6 +354,13 @@ class ResultCache {
 #if TAILBATCH_HAS_EXCEPTIONS
     try {
 #endif
+      if constexpr (Store::optimistic) {
+        const auto found = s.store->probe(req, h);
+        if (optimistic_hit(s, h, found)) {
+          deliver_user(on_complete, Outcome<Value>(found.value()));
+          return;
+        }
+      }
       std::unique_lock lock(s.mu);
       Node* n = live_node(s, req, h);
       if (n != nullptr) {
@@ -438,6 +442,7 @@ class ResultCache {
       const Shard& s = shards_[i];
       std::lock_guard lock(s.mu);
       st.hits += s.hits;
+      for (std::size_t j = 0; j < stripe_count; ++j) st.hits += s.stripes[j].hits();
       st.misses += s.misses;
       st.coalesced += s.coalesced;
       st.inserts += s.inserts;
@@ -513,9 +518,10 @@ class ResultCache {
                                        detail::KeyRefEqual<Key, KeyEqual>>;
 
   struct alignas(64) Shard {
-    // A hit writes the lock, hits and the start of store: the first two cache lines.
+    // A locked hit writes the lock, hits and the start of store: the first two cache
+    // lines. A lock-free hit (optimistic types) writes only its own stripe.
     mutable detail::ShardLock mu;
-    std::uint64_t hits = 0;
+    std::uint64_t hits = 0;  // locked hits; lock-free ones are counted in stripes
     std::optional<Store> store;  // in place: a hit follows one pointer less
     std::unique_ptr<FlightMap> flights;
     std::uint64_t misses = 0;
@@ -524,7 +530,16 @@ class ResultCache {
     std::uint64_t evictions = 0;
     std::uint64_t expired = 0;
     std::uint64_t resubmitted = 0;
+    // Lock-free hits' counts and sampled sightings, by thread (optimistic types only).
+    std::unique_ptr<detail::HitStripe[]> stripes;
   };
+
+  // Stripes per shard: as many as the metrics' counters have, chosen the same way.
+  static constexpr std::size_t stripe_count = Store::optimistic ? 16 : 0;
+  // One lock-free hit in hit_sample leaves its hash for the admission policy, standing for
+  // hit_sample hits: the bookkeeping a hit costs, shared by that many.
+  static constexpr std::uint64_t hit_sample = 32;
+  static constexpr std::uint64_t weight_one = 1;
 
   struct Metrics {
     Counter* hits = nullptr;
@@ -552,6 +567,84 @@ class ResultCache {
 
   [[nodiscard]] bool expired(const Node& n) const noexcept {
     return config_.ttl > std::chrono::nanoseconds::zero() && clock_.now() >= n.expires;
+  }
+
+  // try_get under the shard's lock.
+#if defined(__GNUC__) || defined(__clang__)
+  [[gnu::noinline]]
+#endif
+  std::optional<Value> get_locked(Shard& s, const Key& key, std::uint64_t h) {
+    std::unique_lock lock(s.mu);
+    Node* n = s.store->find(key, h);
+    if (n == nullptr || expired(*n)) [[unlikely]] {
+      lock.release();  // missed() unlocks
+      missed(s, n, h);
+      return std::nullopt;
+    }
+    std::optional<Value> v(n->value);
+    s.store->hit(n);
+    ++s.hits;
+    lock.unlock();
+    if (metrics_) metrics_->hits->inc();
+    return v;
+  }
+
+  // ---- the lock-free read path (optimistic types) --------------------------------------
+
+  // Completes a hit found without the shard's lock (found: the shard's probe()): checks
+  // the time-to-live, and counts the hit in the calling thread's stripe, so that it writes no cache line
+  // another thread is using (unless two threads share a stripe). False: absent, expired,
+  // or writers busy; the caller takes the locked path, which decides and counts.
+  template <class Found>
+  bool optimistic_hit(Shard& s, std::uint64_t h, const Found& found) noexcept {
+    if (found.probe != detail::Probe::hit) return false;
+    if (config_.ttl > std::chrono::nanoseconds::zero() && clock_.now() >= found.expires) return false;
+    const bool settled = found.settled;
+    const std::uint64_t me = detail::thread_tag();
+    detail::HitStripe& st = s.stripes[(me * 0x9E3779B97F4A7C15ull) >> 60];
+    const std::uint64_t n = st.count(me);
+    // A settled entry's hit is sampled (weight hit_sample); any other is recorded as is.
+    if ((!settled || n % hit_sample == 0) && st.push(settled ? h : (h | weight_one))) [[unlikely]] {
+      stripe_full(s, st);
+    }
+    if (metrics_) metrics_->hits->inc();
+    return true;
+  }
+
+  // A stripe's buffer is full: applied if the lock is free right now, else dropped
+  // (lossy by design: a reader never waits for the lock).
+#if defined(__GNUC__) || defined(__clang__)
+  [[gnu::noinline]]
+#endif
+  void stripe_full(Shard& s, detail::HitStripe& st) noexcept {
+    if (s.mu.try_lock()) {
+      drain_stripe(s, st);
+      s.mu.unlock();
+    } else {
+      st.pending.store(0, std::memory_order_relaxed);
+    }
+  }
+
+  // Applies a stripe's sampled hits to the eviction policy. Under s.mu.
+  void drain_stripe(Shard& s, detail::HitStripe& st) noexcept {
+    const std::uint32_t n = std::min(st.pending.load(std::memory_order_acquire), detail::HitStripe::capacity);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      const std::uint64_t r = st.hashes[i].load(std::memory_order_relaxed);
+      // Bit 0 of the recorded hash marks a hit that stands for itself alone (the mixed
+      // hash's bit 0 is restored from the shard's entries: find_hash ignores it).
+      if (Node* x = s.store->find_hash(r & ~weight_one)) {
+        s.store->hit(x, (r & weight_one) != 0 ? 1u : static_cast<unsigned>(hit_sample));
+      }
+    }
+    st.pending.store(0, std::memory_order_relaxed);
+  }
+
+  // Applies every stripe's sampled hits before the entries change, so that admission
+  // sees them. Under s.mu.
+  void drain_stripes(Shard& s) noexcept {
+    for (std::size_t j = 0; j < stripe_count; ++j) {
+      if (s.stripes[j].pending.load(std::memory_order_relaxed) != 0) drain_stripe(s, s.stripes[j]);
+    }
   }
 
   // Drops n, whose time-to-live has passed. Under s.mu.
@@ -597,6 +690,7 @@ class ResultCache {
                                    : time_point::max();
     const std::size_t entries_before = s.store->size();
     const std::size_t bytes_before = s.store->bytes();
+    drain_stripes(s);
     detail::EvictionTally tally;
     const bool stored = s.store->insert(std::move(key), std::move(value), h, bytes, expires, tally);
     if (stored) ++s.inserts;
