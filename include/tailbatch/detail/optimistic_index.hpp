@@ -83,8 +83,11 @@ class AtomicWords {
 // the lock).
 enum class Probe : std::uint8_t { hit, absent, busy };
 
-template <class Key, class Value, class TimePoint>
+// Handle: what the owner keeps per entry beside the copy (its node), never read by
+// readers; a trivially copyable type of at most 8 bytes (a pointer).
+template <class Key, class Value, class TimePoint, class Handle = void*>
 class OptimisticIndex {
+  static_assert(std::is_trivially_copyable_v<Handle> && sizeof(Handle) <= 8);
   static_assert(optimistic_eligible<Key, Value, TimePoint>, "only trivially copyable keys and values, 64 bytes at most");
 
  public:
@@ -172,15 +175,35 @@ class OptimisticIndex {
     end();
   }
 
-  // Inserts key (mixed hash h) or replaces its value and expiry. Room must have been
-  // reserved for a new key. Never throws (eq must not).
+  // The handle stored with key (mixed hash h), or Handle{} when absent. Never throws.
   template <class KeyEqual>
-  void put(std::uint64_t h, const Key& key, const Value& value, TimePoint expires, const KeyEqual& eq) noexcept {
+  [[nodiscard]] Handle handle_of(std::uint64_t h, const Key& key, const KeyEqual& eq) const noexcept {
+    const Table& t = *table_.load(std::memory_order_relaxed);
+    const std::size_t i = locate(t, h, key, eq);
+    return i == npos ? Handle{} : t.slots[i].handle.load(std::memory_order_relaxed);
+  }
+  // The handle of the first entry probed whose mixed hash matches h (its two low bits
+  // ignored), or Handle{}. Never throws.
+  [[nodiscard]] Handle handle_by_hash(std::uint64_t h) const noexcept {
+    const Table& t = *table_.load(std::memory_order_relaxed);
+    for (std::size_t i = home(t, h);; i = (i + 1) & t.mask) {
+      const std::uint64_t st = t.slots[i].tag.load(std::memory_order_relaxed);
+      if (st == 0) return Handle{};
+      if ((st & ~settled_bit) == tag_of(h)) return t.slots[i].handle.load(std::memory_order_relaxed);
+    }
+  }
+
+  // Inserts key (mixed hash h) with handle, or replaces its value and expiry (the handle
+  // stays). Room must have been reserved for a new key. Never throws (eq must not).
+  template <class KeyEqual>
+  void put(std::uint64_t h, const Key& key, const Value& value, TimePoint expires, const KeyEqual& eq,
+           Handle handle = Handle{}) noexcept {
     Table& t = *table_.load(std::memory_order_relaxed);
     begin();
     std::size_t i = locate(t, h, key, eq);
     if (i == npos) {
       i = free_slot(t, tag_of(h));
+      t.slots[i].handle.store(handle, std::memory_order_relaxed);
       t.slots[i].key.store(KeyWords::raw_of(key));
       t.slots[i].tag.store(tag_of(h), std::memory_order_release);
     }
@@ -246,6 +269,7 @@ class OptimisticIndex {
     KeyWords key;
     ValueWords value;
     TimeWords expires;
+    std::atomic<Handle> handle{};  // the owner's only (moved with the slot)
   };
   struct Table {
     std::size_t mask = 0;
@@ -292,6 +316,7 @@ class OptimisticIndex {
     s.key.store(from.key.load());
     s.value.store(from.value.load());
     s.expires.store(from.expires.load());
+    s.handle.store(from.handle.load(std::memory_order_relaxed), std::memory_order_relaxed);
     s.tag.store(from.tag.load(std::memory_order_relaxed), std::memory_order_release);
   }
 

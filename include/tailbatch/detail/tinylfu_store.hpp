@@ -103,7 +103,7 @@ class TinyLfuStore {
   // max_entries >= 1; max_bytes: the byte bound (SIZE_MAX: none). Allocates.
   TinyLfuStore(std::size_t max_entries, std::size_t max_bytes, KeyEqual eq)
       : eq_(std::move(eq)),
-        slots_(16),
+        slots_(optimistic ? 0 : 16),
         sketch_(max_entries),
         max_entries_(max_entries),
         max_bytes_(max_bytes) {
@@ -118,6 +118,7 @@ class TinyLfuStore {
 
   // The entry for key (hash h), or nullptr. Counts nothing. Throws what KeyEqual throws.
   [[nodiscard]] Node* find(const Key& key, std::uint64_t h) const {
+    if constexpr (optimistic) return index_.handle_of(h, key, eq_);
     for (std::size_t i = home(h);; i = (i + 1) & mask()) {
       const Slot& s = slots_[i];
       if (s.node == nullptr) return nullptr;
@@ -137,6 +138,7 @@ class TinyLfuStore {
   // The entry with mixed hash h, bit 0 ignored (the first one probed if several match),
   // or nullptr: for hits recorded by hash alone. Never throws.
   [[nodiscard]] Node* find_hash(std::uint64_t h) const noexcept {
+    if constexpr (optimistic) return index_.handle_by_hash(h);
     for (std::size_t i = home(h);; i = (i + 1) & mask()) {
       const Slot& s = slots_[i];
       if (s.node == nullptr || (s.hash ^ h) <= 1) return s.node;
@@ -283,11 +285,18 @@ class TinyLfuStore {
       return evict(n, tally);
     }
     if (bytes > max_bytes_) return false;
-    if (2 * (count_ + 1) > slots_.size()) grow();  // strong: nothing changes if it throws
-    if constexpr (optimistic) index_.reserve(count_ + 1);  // the same
+    // Strong: nothing changes if these throw.
+    if constexpr (optimistic) {
+      index_.reserve(count_ + 1);
+    } else if (2 * (count_ + 1) > slots_.size()) {
+      grow();
+    }
     Node* n = new Node(std::move(key), std::move(value), h, bytes, expires);
-    place(Slot{h, n});
-    if constexpr (optimistic) index_.put(h, n->key, n->value, expires, eq_);
+    if constexpr (optimistic) {
+      index_.put(h, n->key, n->value, expires, eq_, n);  // the only table
+    } else {
+      place(Slot{h, n});
+    }
     ++count_;
     n->segment = Segment::window;
     window_.push_front(n);
@@ -336,10 +345,20 @@ class TinyLfuStore {
   // Drops every entry and the frequency history. Never throws.
   void clear() noexcept {
     pending_ = 0;
-    if constexpr (optimistic) index_.clear();
-    for (Slot& s : slots_) {
-      delete s.node;
-      s = Slot{};
+    if constexpr (optimistic) {
+      index_.clear();
+      for (List* l : {&window_, &probation_, &protected_}) {
+        for (Node* x = l->head; x != nullptr;) {
+          Node* next = x->next;
+          delete x;
+          x = next;
+        }
+      }
+    } else {
+      for (Slot& s : slots_) {
+        delete s.node;
+        s = Slot{};
+      }
     }
     window_ = {};
     probation_ = {};
@@ -413,6 +432,12 @@ class TinyLfuStore {
   // Frees n (already unlinked, its bytes already taken off). Its slot is found by
   // identity, and the probe run behind it shifted back (no tombstones): no user code runs.
   void erase_node(Node* n) noexcept {
+    if constexpr (optimistic) {
+      index_.erase(n->hash, n->key, eq_);  // the only table
+      --count_;
+      delete n;
+      return;
+    }
     std::size_t i = home(n->hash);
     while (slots_[i].node != n) i = (i + 1) & mask();
     for (std::size_t j = (i + 1) & mask(); slots_[j].node != nullptr; j = (j + 1) & mask()) {
@@ -426,7 +451,6 @@ class TinyLfuStore {
     }
     slots_[i] = Slot{};
     --count_;
-    if constexpr (optimistic) index_.erase(n->hash, n->key, eq_);
     delete n;
   }
 
@@ -489,7 +513,8 @@ class TinyLfuStore {
   static constexpr unsigned hit_sampling = 4;
   struct NoIndex {};
   // The lock-free readable copy of the entries (optimistic types only).
-  [[no_unique_address]] std::conditional_t<optimistic, OptimisticIndex<Key, Value, TimePoint>, NoIndex> index_;
+  // For them it is the only table: slots_ stays empty.
+  [[no_unique_address]] std::conditional_t<optimistic, OptimisticIndex<Key, Value, TimePoint, Node*>, NoIndex> index_;
 };
 
 }  // namespace tailbatch::detail
