@@ -583,15 +583,25 @@ TEST_CASE("ResultCache: lock-free hits never see a torn or wrong value while wri
     // Two small shards: every insert evicts, tables are rewritten under the readers.
     ResultCache<std::uint64_t, Tagged> cache({.max_entries = 48, .shards = 2});
     constexpr std::uint64_t keys = 256;
-    constexpr int writes = 6000;
+    constexpr int writes = 300000;
     std::atomic<bool> done{false};
+    std::atomic<int> started{0};
     std::atomic<int> wrong{0};
+    const int threads = 2 + readers;
+    const auto start_together = [&] {
+      started.fetch_add(1);
+      while (started.load() < threads) std::this_thread::yield();
+    };
     std::atomic<std::uint64_t> seen{0};
     std::vector<std::thread> pool;
     for (int w = 0; w < 2; ++w) {
       pool.emplace_back([&, w] {
+        start_together();
         for (int i = 0; i < writes; ++i) {
-          const auto k = static_cast<std::uint64_t>((i * 37 + w * 101) % static_cast<int>(keys));
+          // Half the writes replace one of four hot keys, which the readers mostly read:
+          // a reader copying a value while it is rewritten is what a torn read needs.
+          const auto k = i % 2 == 0 ? static_cast<std::uint64_t>(i / 2 % 4)
+                                    : static_cast<std::uint64_t>((i * 37 + w * 101) % static_cast<int>(keys));
           const auto version = static_cast<std::uint64_t>(i + w * writes);
           if (i % 7 == 6) {
             (void)cache.erase(k);
@@ -603,11 +613,13 @@ TEST_CASE("ResultCache: lock-free hits never see a torn or wrong value while wri
     }
     for (int r = 0; r < readers; ++r) {
       pool.emplace_back([&, r] {
+        start_together();
         std::uint64_t hits = 0;
         std::uint64_t i = static_cast<std::uint64_t>(r) * 13;
         // Keep reading until the writers are done (and at least a little after).
         for (int rounds = 0; !done.load(std::memory_order_relaxed) || rounds < 2000; ++rounds) {
-          const std::uint64_t k = (i++ * 11) % keys;
+          const std::uint64_t k = i % 4 != 0 ? i % 4 : (i * 11) % keys;
+          ++i;
           if (auto v = cache.try_get(k)) {
             ++hits;
             if (v->key != k || v->check != tag_of(k, v->version)) wrong.fetch_add(1);
