@@ -26,6 +26,7 @@
 // any thread at any time.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
@@ -168,7 +169,7 @@ class OptimisticIndex {
     for (std::size_t i = 0; i <= t->mask; ++i) {
       const Slot& s = t->slots[i];
       const std::uint64_t st = s.tag.load(std::memory_order_relaxed);
-      if (st != 0) copy_slot(*bigger, free_slot(*bigger, st), s);
+      if (st != 0) copy_slot(*bigger, free_slot(*bigger, st), *t, i);
     }
     begin();
     table_.store(adopt(std::move(bigger)), std::memory_order_release);
@@ -180,7 +181,7 @@ class OptimisticIndex {
   [[nodiscard]] Handle handle_of(std::uint64_t h, const Key& key, const KeyEqual& eq) const noexcept {
     const Table& t = *table_.load(std::memory_order_relaxed);
     const std::size_t i = locate(t, h, key, eq);
-    return i == npos ? Handle{} : t.slots[i].handle.load(std::memory_order_relaxed);
+    return i == npos ? Handle{} : t.handles[i];
   }
   // The handle of the first entry probed whose mixed hash matches h (its two low bits
   // ignored), or Handle{}. Never throws.
@@ -189,7 +190,7 @@ class OptimisticIndex {
     for (std::size_t i = home(t, h);; i = (i + 1) & t.mask) {
       const std::uint64_t st = t.slots[i].tag.load(std::memory_order_relaxed);
       if (st == 0) return Handle{};
-      if ((st & ~settled_bit) == tag_of(h)) return t.slots[i].handle.load(std::memory_order_relaxed);
+      if ((st & ~settled_bit) == tag_of(h)) return t.handles[i];
     }
   }
 
@@ -203,7 +204,7 @@ class OptimisticIndex {
     std::size_t i = locate(t, h, key, eq);
     if (i == npos) {
       i = free_slot(t, tag_of(h));
-      t.slots[i].handle.store(handle, std::memory_order_relaxed);
+      t.handles[i] = handle;
       t.slots[i].key.store(KeyWords::raw_of(key));
       t.slots[i].tag.store(tag_of(h), std::memory_order_release);
     }
@@ -227,7 +228,7 @@ class OptimisticIndex {
       // Move j back into the hole at i unless its home lies cyclically in (i, j].
       const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
       if (!stays) {
-        copy_slot(t, i, t.slots[j]);
+        copy_slot(t, i, t, j);
         i = j;
       }
     }
@@ -263,18 +264,21 @@ class OptimisticIndex {
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
   static constexpr std::uint64_t settled_bit = 2;
 
-  struct Slot {
+  // What a reader reads, aligned to a power of two so that no slot straddles two cache
+  // lines: a probe costs one line.
+  static constexpr std::size_t slot_words = 1 + KeyWords::words + ValueWords::words + TimeWords::words;
+  struct alignas(std::min<std::size_t>(64, std::bit_ceil(slot_words * 8))) Slot {
     // The mixed hash with bit 0 set and bit 1 the settled mark; 0: empty.
     std::atomic<std::uint64_t> tag{0};
     KeyWords key;
     ValueWords value;
     TimeWords expires;
-    std::atomic<Handle> handle{};  // the owner's only (moved with the slot)
   };
   struct Table {
     std::size_t mask = 0;
     unsigned bits = 0;
     std::unique_ptr<Slot[]> slots;
+    std::unique_ptr<Handle[]> handles;  // beside the slots: the owner's only
   };
 
   // The low bits picked the shard, so the home slot comes from the top ones; the tag's
@@ -289,6 +293,7 @@ class OptimisticIndex {
     t->bits = bits;
     t->mask = (std::size_t{1} << bits) - 1;
     t->slots = std::make_unique<Slot[]>(t->mask + 1);
+    t->handles = std::make_unique<Handle[]>(t->mask + 1);
     return t;
   }
   // Keeps t alive as long as the index (readers may hold it), returns it.
@@ -311,12 +316,13 @@ class OptimisticIndex {
     while (t.slots[i].tag.load(std::memory_order_relaxed) != 0) i = (i + 1) & t.mask;
     return i;
   }
-  static void copy_slot(Table& t, std::size_t i, const Slot& from) noexcept {
+  static void copy_slot(Table& t, std::size_t i, const Table& ft, std::size_t j) noexcept {
     Slot& s = t.slots[i];
+    const Slot& from = ft.slots[j];
     s.key.store(from.key.load());
     s.value.store(from.value.load());
     s.expires.store(from.expires.load());
-    s.handle.store(from.handle.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    t.handles[i] = ft.handles[j];
     s.tag.store(from.tag.load(std::memory_order_relaxed), std::memory_order_release);
   }
 
