@@ -555,6 +555,9 @@ class ResultCache {
     std::uint64_t resubmitted = 0;
     // Lock-free hits' counts and sampled sightings, by thread (optimistic types only).
     std::unique_ptr<detail::HitStripe[]> stripes;
+    // Whether some stripe may hold sightings: an insert checks one line, not 16. Set by
+    // readers, cleared by the lock holder.
+    alignas(64) std::atomic<bool> pending{false};
   };
 
   // Stripes per shard, chosen by the calling thread's id (two threads may share one: the
@@ -631,8 +634,14 @@ class ResultCache {
     detail::HitStripe& st = s.stripes[(me * 0x9E3779B97F4A7C15ull) >> 60];
     const std::uint64_t n = st.count(me);
     // A settled entry's hit is sampled (weight hit_sample); any other is recorded as is.
-    if ((!settled || n % hit_sample == 0) && st.push(settled ? h : (h | weight_one))) [[unlikely]] {
-      stripe_full(s, st);
+    if (!settled || n % hit_sample == 0) {
+      if (st.push(settled ? h : (h | weight_one))) [[unlikely]] {
+        stripe_full(s, st);
+      } else if (!s.pending.load(std::memory_order_relaxed)) {
+        // Written only when clear: in a run of hits without inserts the line stays
+        // clean and shared.
+        s.pending.store(true, std::memory_order_release);
+      }
     }
     if (metrics_) metrics_->hits->inc();
     return true;
@@ -669,6 +678,11 @@ class ResultCache {
   // Applies every stripe's sampled hits before the entries change, so that admission
   // sees them. Under s.mu.
   void drain_stripes(Shard& s) noexcept {
+    if constexpr (stripe_count == 0) return;
+    // Lossy: a hit pushed by a reader that saw the flag set just before this clears it
+    // waits for the next drain.
+    if (!s.pending.load(std::memory_order_acquire)) return;
+    s.pending.store(false, std::memory_order_relaxed);
     for (std::size_t j = 0; j < stripe_count; ++j) {
       if (s.stripes[j].pending.load(std::memory_order_relaxed) != 0) drain_stripe(s, s.stripes[j]);
     }

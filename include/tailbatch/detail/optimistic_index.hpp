@@ -17,7 +17,7 @@
 // types keep the locked path. Copies in the table are the reason for the size limit: each
 // entry is stored twice (once as a node for the eviction policy, once here).
 //
-// Tables only grow (at most half full, doubling), and a grown-out table is kept until the
+// Tables only grow (at most three quarters full, doubling), and a grown-out table is kept until the
 // index is destroyed, because a reader may still be probing it: no reclamation scheme is
 // needed, at the cost of the old tables' memory (less than the current table's). A table's
 // contents are stale once replaced, which the sequence check catches.
@@ -161,9 +161,11 @@ class OptimisticIndex {
   // throws std::bad_alloc and changes nothing.
   void reserve(std::size_t count) {
     const Table* t = table_.load(std::memory_order_relaxed);
-    if (2 * count <= t->mask + 1) return;
+    // At most three quarters full: linear probing stays short, and the table (the
+    // shard's only one) stays small enough to keep in cache.
+    if (4 * count <= 3 * (t->mask + 1)) return;
     unsigned bits = t->bits;
-    while (2 * count > (std::size_t{1} << bits)) ++bits;
+    while (4 * count > 3 * (std::size_t{1} << bits)) ++bits;
     retired_.reserve(retired_.size() + 1);
     std::unique_ptr<Table> bigger = make_table(bits);
     for (std::size_t i = 0; i <= t->mask; ++i) {
