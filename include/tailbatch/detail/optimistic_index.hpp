@@ -17,10 +17,12 @@
 // types keep the locked path. Copies in the table are the reason for the size limit: each
 // entry is stored twice (once as a node for the eviction policy, once here).
 //
-// Tables only grow (at most three quarters full, doubling), and a grown-out table is kept until the
-// index is destroyed, because a reader may still be probing it: no reclamation scheme is
-// needed, at the cost of the old tables' memory (less than the current table's). A table's
-// contents are stale once replaced, which the sequence check catches.
+// Tables only grow (at most three quarters full, doubling), and a grown-out table is kept
+// until the index is destroyed, because a reader may still be probing it: no reclamation
+// scheme is needed, at the cost of the old tables' memory (less than the current table's).
+// A table's contents are stale once replaced, which the sequence check catches. The owner
+// keeps a handle per entry (its node) in an array beside the slots, which readers never
+// read. Slots are aligned so that none straddles two cache lines.
 //
 // Not thread-safe on the writer side (callers hold the shard's lock); find() is safe from
 // any thread at any time.

@@ -26,8 +26,11 @@
 //
 // Bounded by entries and by bytes (each entry's size is given by the caller). Not
 // thread-safe: ResultCache holds one per shard, under the shard's lock; except that, for
-// trivially copyable keys and values (optimistic_eligible), a copy of the entries is kept
-// in an OptimisticIndex that probe() reads without the lock (detail/optimistic_index.hpp).
+// trivially copyable keys and values (optimistic_eligible), the entries' lookup table is
+// an OptimisticIndex holding a copy of each key, value and expiry, which probe() reads
+// without the lock (detail/optimistic_index.hpp); slots_ then stays empty. The index's
+// settled mark on an entry tells such readers that the entry is protected and marked,
+// so that its hits may be sampled (see mark()).
 #pragma once
 
 #include <algorithm>
