@@ -9,6 +9,7 @@
 #include <future>
 #include <limits>
 #include <list>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -558,4 +559,143 @@ TEST_CASE("ResultCache: concurrent try_get and insert from 1, 2, 3, 7 and 16 thr
     CHECK(s.entries == cache.size_approx());
     CHECK(s.hits > s.misses);  // the hot set stays in
   }
+}
+
+namespace {
+
+// A value of three words that only a torn copy could make inconsistent: `check` is a
+// function of the key and the version, and each writer stores several versions.
+struct Tagged {
+  std::uint64_t key;
+  std::uint64_t version;
+  std::uint64_t check;
+};
+constexpr std::uint64_t tag_of(std::uint64_t key, std::uint64_t version) {
+  return (key * 0x9E3779B97F4A7C15ULL) ^ (version * 0xD1B54A32D192ED03ULL) ^ 0x5555;
+}
+
+}  // namespace
+
+TEST_CASE("ResultCache: lock-free hits never see a torn or wrong value while writers insert and evict") {
+  static_assert(detail::optimistic_eligible<std::uint64_t, Tagged, SteadyClock::time_point>);
+  for (const int readers : {1, 2, 3}) {
+    CAPTURE(readers);
+    // Two small shards: every insert evicts, tables are rewritten under the readers.
+    ResultCache<std::uint64_t, Tagged> cache({.max_entries = 48, .shards = 2});
+    constexpr std::uint64_t keys = 256;
+    constexpr int writes = 300000;
+    std::atomic<bool> done{false};
+    std::atomic<int> started{0};
+    std::atomic<int> wrong{0};
+    const int threads = 2 + readers;
+    const auto start_together = [&] {
+      started.fetch_add(1);
+      while (started.load() < threads) std::this_thread::yield();
+    };
+    std::atomic<std::uint64_t> seen{0};
+    std::vector<std::thread> pool;
+    for (int w = 0; w < 2; ++w) {
+      pool.emplace_back([&, w] {
+        start_together();
+        for (int i = 0; i < writes; ++i) {
+          // Half the writes replace one of four hot keys, which the readers mostly read:
+          // a reader copying a value while it is rewritten is what a torn read needs.
+          const auto k = i % 2 == 0 ? static_cast<std::uint64_t>(i / 2 % 4)
+                                    : static_cast<std::uint64_t>((i * 37 + w * 101) % static_cast<int>(keys));
+          const auto version = static_cast<std::uint64_t>(i + w * writes);
+          if (i % 7 == 6) {
+            (void)cache.erase(k);
+          } else {
+            (void)cache.insert(k, Tagged{k, version, tag_of(k, version)});
+          }
+        }
+      });
+    }
+    for (int r = 0; r < readers; ++r) {
+      pool.emplace_back([&, r] {
+        start_together();
+        std::uint64_t hits = 0;
+        std::uint64_t i = static_cast<std::uint64_t>(r) * 13;
+        // Keep reading until the writers are done (and at least a little after).
+        for (int rounds = 0; !done.load(std::memory_order_relaxed) || rounds < 2000; ++rounds) {
+          const std::uint64_t k = i % 4 != 0 ? i % 4 : (i * 11) % keys;
+          ++i;
+          if (auto v = cache.try_get(k)) {
+            ++hits;
+            if (v->key != k || v->check != tag_of(k, v->version)) wrong.fetch_add(1);
+          }
+        }
+        seen.fetch_add(hits);
+      });
+    }
+    pool[0].join();
+    pool[1].join();
+    done = true;
+    for (std::size_t t = 2; t < pool.size(); ++t) pool[t].join();
+    CHECK(wrong.load() == 0);
+    const CacheStats s = cache.stats();
+    CHECK(s.hits == seen.load());
+    CHECK(s.entries <= 48);
+    CHECK(s.entries == cache.size_approx());
+  }
+}
+
+TEST_CASE("ResultCache: a lock-free hit sees the latest value, respects the time-to-live, and erase") {
+  ManualClock clock;
+  ManualCache::Config c = one_shard(64);
+  c.ttl = 100ms;
+  ManualCache cache(c, {}, {}, clock);
+  for (int k = 0; k < 40; ++k) CHECK(cache.insert(k, k * 2));
+  // Enough hits to promote and settle every entry, so that later hits are sampled.
+  for (int round = 0; round < 50; ++round) {
+    for (int k = 0; k < 40; ++k) {
+      const auto v = cache.try_get(k);
+      REQUIRE(v.has_value());
+      CHECK(*v == k * 2);
+    }
+  }
+  CHECK(cache.stats().hits == 50 * 40);
+  CHECK(cache.insert(7, 700));  // replaced: the next hit sees the new value
+  CHECK(*cache.try_get(7) == 700);
+  CHECK(cache.erase(8));
+  CHECK_FALSE(cache.try_get(8).has_value());
+  clock.advance(99ms);
+  CHECK(cache.try_get(9).has_value());
+  clock.advance(1ms);  // every entry has lived its 100 ms
+  CHECK_FALSE(cache.try_get(9).has_value());
+  CHECK(cache.stats().expired == 1);
+  cache.clear();
+  CHECK_FALSE(cache.try_get(10).has_value());
+  CHECK(cache.insert(10, 1));
+  CHECK(*cache.try_get(10) == 1);
+}
+
+TEST_CASE("OptimisticIndex: put, replace, erase with backward shift, growth and clear") {
+  using Index = detail::OptimisticIndex<int, int, ManualClock::time_point>;
+  Index index;
+  const std::equal_to<int> eq;
+  const auto h = [](int k) { return detail::mix64(static_cast<std::uint64_t>(k)); };
+  const auto get = [&](int k) -> std::optional<int> {
+    const auto f = index.find(h(k), k, eq);
+    REQUIRE(f.probe != detail::Probe::busy);  // no writer: never busy
+    if (f.probe == detail::Probe::absent) return std::nullopt;
+    return f.value();
+  };
+  for (int k = 0; k < 500; ++k) {
+    index.reserve(static_cast<std::size_t>(k) + 1);
+    index.put(h(k), k, k + 1, ManualClock::time_point{}, eq);
+  }
+  for (int k = 0; k < 500; ++k) CHECK(get(k) == k + 1);
+  CHECK_FALSE(get(500).has_value());
+  for (int k = 0; k < 500; k += 2) index.erase(h(k), k, eq);
+  for (int k = 0; k < 500; ++k) CHECK(get(k) == (k % 2 == 0 ? std::nullopt : std::optional<int>(k + 1)));
+  index.put(h(3), 3, 33, ManualClock::time_point{}, eq);
+  CHECK(get(3) == 33);
+  index.settle(h(3), 3, eq, true);
+  CHECK(index.find(h(3), 3, eq).settled);
+  CHECK(get(3) == 33);
+  index.settle(h(3), 3, eq, false);
+  CHECK_FALSE(index.find(h(3), 3, eq).settled);
+  index.clear();
+  CHECK_FALSE(get(3).has_value());
 }

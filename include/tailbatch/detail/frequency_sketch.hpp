@@ -93,8 +93,10 @@ class FrequencySketch {
 
   // Counts one sighting of a key that record_slot reported saturated in this epoch():
   // the same effect as record_slot, without touching its block. Never allocates.
-  void record_saturated() noexcept {
-    if (++additions_ >= sample_) age();
+  // weight > 1 counts that many.
+  void record_saturated(unsigned weight = 1) noexcept {
+    additions_ += weight;
+    if (additions_ >= sample_) age();
   }
 
   // Changes whenever counters are aged or cleared (never 0). Never allocates.

@@ -25,7 +25,12 @@
 // weight four: the expected count is the exact one, at a quarter of the sketch traffic.
 //
 // Bounded by entries and by bytes (each entry's size is given by the caller). Not
-// thread-safe: ResultCache holds one per shard, under the shard's lock.
+// thread-safe: ResultCache holds one per shard, under the shard's lock; except that, for
+// trivially copyable keys and values (optimistic_eligible), the entries' lookup table is
+// an OptimisticIndex holding a copy of each key, value and expiry, which probe() reads
+// without the lock (detail/optimistic_index.hpp); slots_ then stays empty. The index's
+// settled mark on an entry tells such readers that the entry is protected and marked,
+// so that its hits may be sampled (see mark()).
 #pragma once
 
 #include <algorithm>
@@ -34,10 +39,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <type_traits>
 #include <vector>
 #include <utility>
 
 #include <tailbatch/detail/frequency_sketch.hpp>
+#include <tailbatch/detail/optimistic_index.hpp>
 
 namespace tailbatch::detail {
 
@@ -73,6 +81,9 @@ struct EvictionTally {
 template <class Key, class Value, class KeyEqual, class TimePoint>
 class TinyLfuStore {
  public:
+  // Whether probe() exists: entries are mirrored in a lock-free readable index.
+  static constexpr bool optimistic = optimistic_eligible<Key, Value, TimePoint>;
+
   enum class Segment : std::uint8_t { window, probation, protect };
 
   struct Node {
@@ -95,7 +106,7 @@ class TinyLfuStore {
   // max_entries >= 1; max_bytes: the byte bound (SIZE_MAX: none). Allocates.
   TinyLfuStore(std::size_t max_entries, std::size_t max_bytes, KeyEqual eq)
       : eq_(std::move(eq)),
-        slots_(16),
+        slots_(optimistic ? 0 : 16),
         sketch_(max_entries),
         max_entries_(max_entries),
         max_bytes_(max_bytes) {
@@ -110,10 +121,30 @@ class TinyLfuStore {
 
   // The entry for key (hash h), or nullptr. Counts nothing. Throws what KeyEqual throws.
   [[nodiscard]] Node* find(const Key& key, std::uint64_t h) const {
+    if constexpr (optimistic) return index_.handle_of(h, key, eq_);
     for (std::size_t i = home(h);; i = (i + 1) & mask()) {
       const Slot& s = slots_[i];
       if (s.node == nullptr) return nullptr;
       if (s.hash == h && eq_(s.node->key, key)) return s.node;
+    }
+  }
+
+  // The key's value and expiry, read without the owner's lock (see OptimisticIndex::find).
+  // Never blocks, writes nothing shared, never throws. Safe from any thread.
+  // Found::settled: a hit would change little (see mark()), so the reader may sample it.
+  auto probe(const Key& key, std::uint64_t h) const noexcept
+    requires optimistic
+  {
+    return index_.find(h, key, eq_);
+  }
+
+  // The entry with mixed hash h, bit 0 ignored (the first one probed if several match),
+  // or nullptr: for hits recorded by hash alone. Never throws.
+  [[nodiscard]] Node* find_hash(std::uint64_t h) const noexcept {
+    if constexpr (optimistic) return index_.handle_by_hash(h);
+    for (std::size_t i = home(h);; i = (i + 1) & mask()) {
+      const Slot& s = slots_[i];
+      if (s.node == nullptr || (s.hash ^ h) <= 1) return s.node;
     }
   }
 
@@ -136,7 +167,19 @@ class TinyLfuStore {
   // freed while it is buffered: every path that frees one drains first.
   // A key whose counters are all saturated in the current aging epoch is counted at once
   // (its block would not change) and touched at once.
-  void hit(Node* n) noexcept {
+  // weight > 1: a sampled hit standing for that many (see ResultCache's read path).
+  void hit(Node* n, unsigned weight = 1) noexcept {
+    if (weight > 1) {
+      if (n->saturated_epoch == sketch_.epoch()) {
+        sketch_.record_saturated(weight);
+        touch(n);
+        return;
+      }
+      weights_[pending_] = static_cast<std::uint8_t>(std::min(weight, 255u));
+      hits_[pending_++] = n;
+      if (pending_ == hits_.size()) drain_hits();
+      return;
+    }
     if (n->saturated_epoch == sketch_.epoch()) {
       sketch_.record_saturated();
       if (n->segment == Segment::protect) {
@@ -146,7 +189,6 @@ class TinyLfuStore {
       }
       return;
     }
-    unsigned weight = 1;
     if (n->segment == Segment::protect && n->referenced) {
       // Hit again since its last second chance: the hottest entries. One such hit in
       // hit_sampling is counted, with that weight (the expected count is unchanged); the
@@ -190,6 +232,7 @@ class TinyLfuStore {
           Node* d = protected_.tail;
           if (d->referenced) {  // a second chance: hit since it was last here
             d->referenced = false;
+            settle(d, false);
             protected_.move_to_front(d);
             continue;
           }
@@ -207,9 +250,14 @@ class TinyLfuStore {
   }
 
   // Sets n's second-chance mark, writing only when it was clear: a hit on a marked entry
-  // then leaves its cache line clean, shared by every core that reads it.
-  static void mark(Node* n) noexcept {
-    if (!n->referenced) n->referenced = true;
+  // then leaves its cache line clean, shared by every core that reads it. A marked
+  // protected entry is what the index calls settled: until its mark is taken (second
+  // chance) or it leaves protected, a hit only adds to its count.
+  void mark(Node* n) noexcept {
+    if (!n->referenced) {
+      n->referenced = true;
+      settle(n, true);
+    }
   }
 
   // Removes n. Never throws (KeyEqual must not).
@@ -235,13 +283,23 @@ class TinyLfuStore {
       bytes_ = bytes_ - n->bytes + bytes;
       n->bytes = bytes;
       n->expires = expires;
+      if constexpr (optimistic) index_.put(h, n->key, n->value, expires, eq_);
       touch(n);
       return evict(n, tally);
     }
     if (bytes > max_bytes_) return false;
-    if (2 * (count_ + 1) > slots_.size()) grow();  // strong: nothing changes if it throws
+    // Strong: nothing changes if these throw.
+    if constexpr (optimistic) {
+      index_.reserve(count_ + 1);
+    } else if (2 * (count_ + 1) > slots_.size()) {
+      grow();
+    }
     Node* n = new Node(std::move(key), std::move(value), h, bytes, expires);
-    place(Slot{h, n});
+    if constexpr (optimistic) {
+      index_.put(h, n->key, n->value, expires, eq_, n);  // the only table
+    } else {
+      place(Slot{h, n});
+    }
     ++count_;
     n->segment = Segment::window;
     window_.push_front(n);
@@ -290,9 +348,20 @@ class TinyLfuStore {
   // Drops every entry and the frequency history. Never throws.
   void clear() noexcept {
     pending_ = 0;
-    for (Slot& s : slots_) {
-      delete s.node;
-      s = Slot{};
+    if constexpr (optimistic) {
+      index_.clear();
+      for (List* l : {&window_, &probation_, &protected_}) {
+        for (Node* x = l->head; x != nullptr;) {
+          Node* next = x->next;
+          delete x;
+          x = next;
+        }
+      }
+    } else {
+      for (Slot& s : slots_) {
+        delete s.node;
+        s = Slot{};
+      }
     }
     window_ = {};
     probation_ = {};
@@ -352,6 +421,10 @@ class TinyLfuStore {
     return protected_.tail;
   }
 
+  void settle([[maybe_unused]] Node* n, [[maybe_unused]] bool on) noexcept {
+    if constexpr (optimistic) index_.settle(n->hash, n->key, eq_, on);
+  }
+
   // Unlinks n from its list and frees it.
   void remove(Node* n) noexcept {
     list_of(n->segment).unlink(n);
@@ -362,6 +435,12 @@ class TinyLfuStore {
   // Frees n (already unlinked, its bytes already taken off). Its slot is found by
   // identity, and the probe run behind it shifted back (no tombstones): no user code runs.
   void erase_node(Node* n) noexcept {
+    if constexpr (optimistic) {
+      index_.erase(n->hash, n->key, eq_);  // the only table
+      --count_;
+      delete n;
+      return;
+    }
     std::size_t i = home(n->hash);
     while (slots_[i].node != n) i = (i + 1) & mask();
     for (std::size_t j = (i + 1) & mask(); slots_[j].node != nullptr; j = (j + 1) & mask()) {
@@ -435,6 +514,10 @@ class TinyLfuStore {
   std::array<Node*, 32> hits_{};
   std::array<std::uint8_t, 32> weights_{};
   static constexpr unsigned hit_sampling = 4;
+  struct NoIndex {};
+  // The lock-free readable copy of the entries (optimistic types only).
+  // For them it is the only table: slots_ stays empty.
+  [[no_unique_address]] std::conditional_t<optimistic, OptimisticIndex<Key, Value, TimePoint, Node*>, NoIndex> index_;
 };
 
 }  // namespace tailbatch::detail
