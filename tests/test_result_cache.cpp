@@ -61,20 +61,22 @@ ManualCache::Config one_shard(std::size_t entries) {
   return c;
 }
 
-using tailbatch::test::invalid_argument_message;
+using tailbatch::test::MessageIs;
 
 }  // namespace
 
 TEST_CASE("ResultCache: bad configuration names the field") {
   using Cache = ResultCache<int, int>;
-  CHECK(invalid_argument_message([] { Cache c({.max_entries = 0}); }) == "ResultCache: max_entries must be >= 1");
-  CHECK(invalid_argument_message([] { Cache c({.max_entries = 10, .max_bytes = 100}); }) ==
-        "ResultCache: size_of must be set when max_bytes is set");
-  CHECK(invalid_argument_message([] { Cache c({.max_entries = 10, .ttl = -1s}); }) == "ResultCache: ttl must be >= 0");
-  CHECK(invalid_argument_message([] { Cache c({.max_entries = 100, .shards = 3}); }) ==
-        "ResultCache: shards must be a power of two, at most 256");
-  CHECK(invalid_argument_message([] { Cache c({.max_entries = 2, .shards = 4}); }) ==
-        "ResultCache: max_entries must be >= shards");
+  CHECK_THROWS_MATCHES(([] { Cache c({.max_entries = 0}); }()), std::invalid_argument,
+                       MessageIs("ResultCache: max_entries must be >= 1"));
+  CHECK_THROWS_MATCHES(([] { Cache c({.max_entries = 10, .max_bytes = 100}); }()), std::invalid_argument,
+                       MessageIs("ResultCache: size_of must be set when max_bytes is set"));
+  CHECK_THROWS_MATCHES(([] { Cache c({.max_entries = 10, .ttl = -1s}); }()), std::invalid_argument,
+                       MessageIs("ResultCache: ttl must be >= 0"));
+  CHECK_THROWS_MATCHES(([] { Cache c({.max_entries = 100, .shards = 3}); }()), std::invalid_argument,
+                       MessageIs("ResultCache: shards must be a power of two, at most 256"));
+  CHECK_THROWS_MATCHES(([] { Cache c({.max_entries = 2, .shards = 4}); }()), std::invalid_argument,
+                       MessageIs("ResultCache: max_entries must be >= shards"));
 }
 
 TEST_CASE("ResultCache: try_get, insert, erase and the hit/miss counts") {
