@@ -84,9 +84,9 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -95,6 +95,7 @@
 #include <vector>
 
 #include <tailbatch/batch_window.hpp>
+#include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/metrics.hpp>
 
@@ -219,7 +220,7 @@ class AdaptiveState {
       x ^= x >> 7;
       x ^= x << 17;
       const double u = (static_cast<double>(x >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-      t += -std::log(u);
+      t += -detail::log(u);
       a = t;
     }
     latencies_.resize(plan_requests);
@@ -485,7 +486,7 @@ class AdaptiveState {
     const std::uint64_t since = total - std::min(total, regime_start_);
     const double slow = rate_over(v.now, std::min(slow_span, std::max(since, fast_span)));
     const double fast = rate_over(v.now, fast_span);
-    if (slow > 0.0 && fast > 0.0 && std::abs(fast - slow) > rate_jump * slow)
+    if (slow > 0.0 && fast > 0.0 && detail::fabs(fast - slow) > rate_jump * slow)
       regime_start_ = total > change_span ? total - change_span : 0;
     if (m_.rate != nullptr) m_.rate->set(rate_at(v.now));
   }
@@ -527,7 +528,7 @@ class AdaptiveState {
     const double slow = rate_over(now, std::min(slow_span, since), &slow_count);
     // Arrivals that stop (or surge) show in the fast count before the next arrival is
     // counted and moves the regime's start.
-    if (std::abs(fast - slow) > rate_jump * slow) return fast;
+    if (detail::fabs(fast - slow) > rate_jump * slow) return fast;
     if (counted != nullptr) *counted = slow_count;
     return slow;
   }
@@ -597,8 +598,8 @@ class AdaptiveState {
     for (std::size_t b = 2; b <= cap_; ++b) table_[b] = std::max(table_[b], table_[b - 1]);
     // A new epoch when the model moved enough to change plans.
     const double c1 = table_[1], cn = table_[cap_];
-    if (epoch_ == 0 || std::abs(c1 - epoch_c1_) > cost_drift * epoch_c1_ ||
-        std::abs(cn - epoch_cn_) > cost_drift * epoch_cn_) {
+    if (epoch_ == 0 || detail::fabs(c1 - epoch_c1_) > cost_drift * epoch_c1_ ||
+        detail::fabs(cn - epoch_cn_) > cost_drift * epoch_cn_) {
       ++epoch_;
       epoch_c1_ = c1;
       epoch_cn_ = cn;
@@ -606,7 +607,7 @@ class AdaptiveState {
   }
 
   std::int64_t bucket_of(double rate) const noexcept {
-    return static_cast<std::int64_t>(std::floor(std::log(rate) / std::log(rate_step)));
+    return static_cast<std::int64_t>(detail::floor(detail::log(rate) / detail::log(rate_step)));
   }
 
   // Makes sure the plan in force is for the current rate bucket, lanes and cost epoch:
@@ -617,7 +618,7 @@ class AdaptiveState {
     const double rate = rate_at(now);
     // A plan in the making for a rate the load has since left far behind is dropped: the
     // one for the rate now is started instead.
-    if (job_.active && rate > 0.0 && std::abs(rate - job_.rate) > (stale_rise - 1.0) * job_.rate) job_.active = false;
+    if (job_.active && rate > 0.0 && detail::fabs(rate - job_.rate) > (stale_rise - 1.0) * job_.rate) job_.active = false;
     if (job_.active) {
       advance_job(budget);
       if (job_.active) return;
@@ -631,7 +632,7 @@ class AdaptiveState {
         return;
       }
     }
-    start_job(std::pow(rate_step, static_cast<double>(bucket) + 0.5), bucket);
+    start_job(detail::pow(rate_step, static_cast<double>(bucket) + 0.5), bucket);
     advance_job(budget);
   }
 

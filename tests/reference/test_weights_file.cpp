@@ -139,22 +139,20 @@ TEST_CASE("a file that is not a weights file, or does not fit its header, is ref
 
   write_weights_file(Classifier(small_config()), file.path);
   std::filesystem::resize_file(file.path, std::filesystem::file_size(file.path) - 4096);
-  CHECK(tailbatch::test::invalid_argument_message([&] { WeightsFile f(file.path); }).find("does not match") !=
-        std::string::npos);
+  CHECK_THROWS_MATCHES(WeightsFile(file.path), std::invalid_argument,
+                       tailbatch::test::MessageContains("does not match"));
 }
 
 TEST_CASE("weights that do not fit the config are refused naming the field") {
   const Classifier generated(small_config());
   ClassifierConfig other = small_config();
   other.hidden_dim = 2048;
-  CHECK(tailbatch::test::invalid_argument_message([&] {
-          Classifier c(other, generated.weights(), nullptr);
-        }).find("hidden_dim") != std::string::npos);
+  CHECK_THROWS_MATCHES(Classifier(other, generated.weights(), nullptr), std::invalid_argument,
+                       tailbatch::test::MessageContains("hidden_dim"));
   ClassifierWeights cut = generated.weights();
   cut.w2 = cut.w2.first(10);
-  CHECK(tailbatch::test::invalid_argument_message([&] {
-          Classifier c(small_config(), cut, nullptr);
-        }).find("w2") != std::string::npos);
+  CHECK_THROWS_MATCHES(Classifier(small_config(), cut, nullptr), std::invalid_argument,
+                       tailbatch::test::MessageContains("w2"));
 }
 
 #else

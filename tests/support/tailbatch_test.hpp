@@ -70,15 +70,4 @@ class MessageStartsWith final : public ExceptionMatcherBase {
   std::string prefix_;
 };
 
-// TEMPORARY-REMOVE-AT-MERGE
-template <class F>
-std::string invalid_argument_message(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "<no exception>";
-}
-
 }  // namespace tailbatch::test
