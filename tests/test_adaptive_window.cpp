@@ -1,5 +1,104 @@
-[] { AdaptiveWindow p(config(150ms, AdaptiveWindow::max_batch_limit + 1)); })
-            .find("max_batch") != std::string::npos);
+// AdaptiveWindow: what it learns (cost per batch size, arrival rate), how it decides (the
+// plan's window and size, the backlog and SLO rules, cold start), what it exposes, and the
+// issue's goals on a subset of the simulated profiles. Time comes from a ManualClock: the
+// views are built by hand at chosen times, or the simulator drives the policy.
+#include <tailbatch/adaptive_window.hpp>
+
+#include <tailbatch/metrics.hpp>
+#include <tailbatch/tools/simulator.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tailbatch_test.hpp"
+
+#if defined(TAILBATCH_CATCH2_V3)
+using Catch::Approx;
+#else
+using Catch::Detail::Approx;
+#endif
+
+using namespace tailbatch;
+using namespace std::chrono_literals;
+
+namespace {
+
+double ms(std::chrono::nanoseconds d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+AdaptiveWindowConfig config(std::chrono::nanoseconds slo = 150ms, std::size_t max_batch = 64) {
+  AdaptiveWindowConfig c;
+  c.slo_p95 = slo;
+  c.max_batch = max_batch;
+  return c;
+}
+
+BatchFeedback feedback(std::size_t size, std::chrono::nanoseconds t, BatchTime started = ManualClock::start()) {
+  BatchFeedback f;
+  f.size = size;
+  f.padded_size = size;
+  f.model_time = t;
+  f.started = started;
+  return f;
+}
+
+// Teaches `p` a cost L(b) for every size up to `up_to`, `times` samples each.
+template <class Cost>
+void teach(const AdaptiveWindow& p, Cost cost, std::size_t up_to, int times = 4, BatchTime at = ManualClock::start()) {
+  for (int k = 0; k < times; ++k)
+    for (std::size_t b = 1; b <= up_to; ++b) p.on_batch_executed(feedback(b, cost(b), at));
+}
+
+// A queue of n requests that arrived `spacing` apart, the last one at `last`.
+std::vector<BatchCandidate> queue_of(std::size_t n, BatchTime last, BatchDuration spacing) {
+  std::vector<BatchCandidate> v;
+  for (std::size_t i = 0; i < n; ++i)
+    v.push_back(BatchCandidate{last - spacing * static_cast<BatchDuration::rep>(n - 1 - i), BatchTime::max(), 1,
+                               Priority::normal});
+  return v;
+}
+
+BatchView view_of(const std::vector<BatchCandidate>& c, BatchTime now, std::size_t lanes = 2, bool flush = false) {
+  BatchView v{std::span<const BatchCandidate>(c), c.size(), now, flush};
+  v.lanes = lanes;
+  v.idle_lanes = lanes;
+  return v;
+}
+
+// Feeds `count` arrivals `gap` apart through decide(), one view per arrival, dispatching
+// whatever decide() asks for (as a Pipeline would). The clock ends at the last arrival.
+void drive_arrivals(const AdaptiveWindow& p, ManualClock& clock, std::size_t count, BatchDuration gap,
+                    std::size_t lanes = 2) {
+  std::vector<BatchCandidate> q;
+  for (std::size_t i = 0; i < count; ++i) {
+    clock.advance(gap);
+    q.push_back(BatchCandidate{clock.now(), BatchTime::max(), 1, Priority::normal});
+    const BatchDecision d = p.decide(view_of(q, clock.now(), lanes));
+    q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(d.count));
+  }
+}
+
+using tailbatch::test::MessageContains;
+
+const LinearCost example1_cost{20ms, 3ms};
+
+}  // namespace
+
+TEST_CASE("AdaptiveWindow: bad configuration names the field", "[adaptive]") {
+  CHECK_THROWS_MATCHES(AdaptiveWindow(config(0ms)), std::invalid_argument, MessageContains("slo_p95"));
+  AdaptiveWindowConfig c = config();
+  c.slo_p99 = 100ms;  // tighter than the p95 target
+  CHECK_THROWS_MATCHES(AdaptiveWindow(c), std::invalid_argument, MessageContains("slo_p99"));
+  CHECK_THROWS_MATCHES(AdaptiveWindow(config(150ms, 0)), std::invalid_argument, MessageContains("max_batch"));
+  CHECK_THROWS_MATCHES(AdaptiveWindow(config(150ms, AdaptiveWindow::max_batch_limit + 1)), std::invalid_argument,
+                       MessageContains("max_batch"));
   static_assert(BatchPolicy<AdaptiveWindow> && BatchFeedbackPolicy<AdaptiveWindow>);
 }
 
