@@ -38,36 +38,34 @@ using ExceptionMatcherBase = Catch::Matchers::MatcherBase<std::exception>;
 using ExceptionMatcherBase = Catch::MatcherBase<std::exception>;
 #endif
 
-class MessageIs final : public ExceptionMatcherBase {
+// What the message of an exception must be: equal to, containing, or starting with a text.
+class MessageMatcher final : public ExceptionMatcherBase {
  public:
-  explicit MessageIs(std::string expected) : expected_(std::move(expected)) {}
-  bool match(const std::exception& e) const override { return expected_ == e.what(); }
-  std::string describe() const override { return "has the message \"" + expected_ + "\""; }
-
- private:
-  std::string expected_;
-};
-
-class MessageContains final : public ExceptionMatcherBase {
- public:
-  explicit MessageContains(std::string part) : part_(std::move(part)) {}
+  enum class Mode { is, contains, starts_with };
+  MessageMatcher(Mode mode, std::string text) : mode_(mode), text_(std::move(text)) {}
   bool match(const std::exception& e) const override {
-    return std::string(e.what()).find(part_) != std::string::npos;
+    const std::string what = e.what();
+    switch (mode_) {
+      case Mode::is: return what == text_;
+      case Mode::contains: return what.find(text_) != std::string::npos;
+      case Mode::starts_with: return what.starts_with(text_);
+    }
+    return false;
   }
-  std::string describe() const override { return "has a message containing \"" + part_ + "\""; }
+  std::string describe() const override {
+    const char* how = mode_ == Mode::is ? "is" : mode_ == Mode::contains ? "contains" : "starts with";
+    return std::string("has a message that ") + how + " \"" + text_ + "\"";
+  }
 
  private:
-  std::string part_;
+  Mode mode_;
+  std::string text_;
 };
 
-class MessageStartsWith final : public ExceptionMatcherBase {
- public:
-  explicit MessageStartsWith(std::string prefix) : prefix_(std::move(prefix)) {}
-  bool match(const std::exception& e) const override { return std::string(e.what()).starts_with(prefix_); }
-  std::string describe() const override { return "has a message starting with \"" + prefix_ + "\""; }
-
- private:
-  std::string prefix_;
-};
+inline MessageMatcher MessageIs(std::string text) { return {MessageMatcher::Mode::is, std::move(text)}; }
+inline MessageMatcher MessageContains(std::string text) { return {MessageMatcher::Mode::contains, std::move(text)}; }
+inline MessageMatcher MessageStartsWith(std::string text) {
+  return {MessageMatcher::Mode::starts_with, std::move(text)};
+}
 
 }  // namespace tailbatch::test
