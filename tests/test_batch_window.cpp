@@ -77,9 +77,9 @@ TEST_CASE("FixedWindow: flush dispatches without waiting, max_wait 0 never waits
 }
 
 TEST_CASE("FixedWindow: bad configuration names the field") {
-  CHECK_THROWS_MATCHES(([] { FixedWindow(0, 1ms); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(FixedWindow(0, 1ms), std::invalid_argument,
                        MessageIs("FixedWindow: max_batch must be >= 1"));
-  CHECK_THROWS_MATCHES(([] { FixedWindow(4, -1ms); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(FixedWindow(4, -1ms), std::invalid_argument,
                        MessageIs("FixedWindow: max_wait must be >= 0"));
 }
 
@@ -144,11 +144,11 @@ TEST_CASE("PreferredSizes: after max_wait, pad up, split, or send as is") {
 }
 
 TEST_CASE("PreferredSizes: bad configuration names the field") {
-  CHECK_THROWS_MATCHES(([] { PreferredSizes({}, 1ms); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(PreferredSizes({}, 1ms), std::invalid_argument,
                        MessageIs("PreferredSizes: sizes must not be empty"));
-  CHECK_THROWS_MATCHES(([] { PreferredSizes({0, 4}, 1ms); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(PreferredSizes({0, 4}, 1ms), std::invalid_argument,
                        MessageIs("PreferredSizes: sizes must be >= 1"));
-  CHECK_THROWS_MATCHES(([] { PreferredSizes({4}, -1ms); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(PreferredSizes({4}, -1ms), std::invalid_argument,
                        MessageIs("PreferredSizes: max_wait must be >= 0"));
 }
 
@@ -200,11 +200,11 @@ TEST_CASE("TokenBudget: power-of-two buckets by default, explicit bounds otherwi
 }
 
 TEST_CASE("TokenBudget: bad configuration names the field") {
-  CHECK_THROWS_MATCHES(([] { TokenBudget({.budget = 0, .max_batch = 4, .max_wait = 1ms, .bucket_bounds = {}}); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(TokenBudget({.budget = 0, .max_batch = 4, .max_wait = 1ms, .bucket_bounds = {}}), std::invalid_argument,
                        MessageIs("TokenBudget: budget must be >= 1"));
-  CHECK_THROWS_MATCHES(([] { TokenBudget({.budget = 8, .max_batch = 0, .max_wait = 1ms, .bucket_bounds = {}}); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(TokenBudget({.budget = 8, .max_batch = 0, .max_wait = 1ms, .bucket_bounds = {}}), std::invalid_argument,
                        MessageIs("TokenBudget: max_batch must be >= 1"));
-  CHECK_THROWS_MATCHES(([] { TokenBudget({.budget = 8, .max_batch = 4, .max_wait = 1ms, .bucket_bounds = {8, 4}}); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(TokenBudget({.budget = 8, .max_batch = 4, .max_wait = 1ms, .bucket_bounds = {8, 4}}), std::invalid_argument,
                        MessageIs("TokenBudget: bucket_bounds must be ascending and >= 1"));
 }
 
@@ -222,15 +222,11 @@ TEST_CASE("DeadlineAware: without deadlines it is a fixed window, and orders EDF
 }
 
 TEST_CASE("DeadlineAware: bad configuration names the field") {
-  CHECK_THROWS_MATCHES(([] { DeadlineAware({.max_batch = 4, .max_wait = -1ms, .margin = 0ms}); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(DeadlineAware({.max_batch = 4, .max_wait = -1ms, .margin = 0ms}), std::invalid_argument,
                        MessageIs("DeadlineAware: max_wait must be >= 0"));
-  CHECK_THROWS_MATCHES(([] {
-          DeadlineAware({.max_batch = 0, .max_wait = 1ms, .margin = 0ms});
-        }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(DeadlineAware({.max_batch = 0, .max_wait = 1ms, .margin = 0ms}), std::invalid_argument,
                        MessageIs("DeadlineAware: max_batch must be >= 1"));
-  CHECK_THROWS_MATCHES(([] {
-          DeadlineAware({.max_batch = 4, .max_wait = 1ms, .margin = -1ms});
-        }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(DeadlineAware({.max_batch = 4, .max_wait = 1ms, .margin = -1ms}), std::invalid_argument,
                        MessageIs("DeadlineAware: margin must be >= 0"));
 }
 
@@ -274,20 +270,16 @@ TEST_CASE("Policies bound max_batch and name the field") {
   const std::size_t huge = static_cast<std::size_t>(-1);
   const std::size_t big = std::size_t{1} << 40;
   CHECK(max_batch_limit == 65536);
-  CHECK_THROWS_MATCHES(([&] { FixedWindow(huge, 5ms); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(FixedWindow(huge, 5ms), std::invalid_argument,
                        MessageIs("FixedWindow: max_batch must be <= 65536"));
-  CHECK_THROWS_MATCHES(([&] { FixedWindow(big, 5ms); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(FixedWindow(big, 5ms), std::invalid_argument,
                        MessageIs("FixedWindow: max_batch must be <= 65536"));
   CHECK(FixedWindow(max_batch_limit, 5ms).max_batch() == max_batch_limit);
-  CHECK_THROWS_MATCHES(([&] { PreferredSizes({4, big}, 5ms); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(PreferredSizes({4, big}, 5ms), std::invalid_argument,
                        MessageIs("PreferredSizes: sizes must be <= 65536"));
-  CHECK_THROWS_MATCHES(([&] {
-          TokenBudget({.budget = 8, .max_batch = huge, .max_wait = 1ms, .bucket_bounds = {}});
-        }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(TokenBudget({.budget = 8, .max_batch = huge, .max_wait = 1ms, .bucket_bounds = {}}), std::invalid_argument,
                        MessageIs("TokenBudget: max_batch must be <= 65536"));
-  CHECK_THROWS_MATCHES(([&] {
-          DeadlineAware({.max_batch = big, .max_wait = 1ms, .margin = 0ms});
-        }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(DeadlineAware({.max_batch = big, .max_wait = 1ms, .margin = 0ms}), std::invalid_argument,
                        MessageIs("DeadlineAware: max_batch must be <= 65536"));
 }
 

@@ -372,7 +372,7 @@ TEST_CASE("registering the same (name, labels) returns the same metric", "[metri
 
   tailbatch::HistogramConfig precise;
   precise.significant_digits = 3;
-  CHECK_THROWS_MATCHES(([&] { (void)r.histogram("z_seconds", "h", {}, precise); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES((void)r.histogram("z_seconds", "h", {}, precise), std::invalid_argument,
                        MessageContains("z_seconds") && MessageContains("different HistogramConfig"));
   auto& p1 = r.histogram("p_seconds", "h", {}, precise);
   auto& p2 = r.histogram("p_seconds", "h", {}, precise);
@@ -382,13 +382,11 @@ TEST_CASE("registering the same (name, labels) returns the same metric", "[metri
 TEST_CASE("the same name with another kind throws, naming both kinds", "[metrics]") {
   MetricsRegistry r;
   (void)r.gauge("tailbatch_depth", "h");
-  CHECK_THROWS_MATCHES(([&] { (void)r.histogram("tailbatch_depth", "h"); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES((void)r.histogram("tailbatch_depth", "h"), std::invalid_argument,
                        MessageContains("tailbatch_depth") && MessageContains("already registered as a gauge") && MessageContains("summary"));
 
   (void)r.histogram("tailbatch_wait_seconds", "h");
-  CHECK_THROWS_MATCHES(([&] {
-    (void)r.gauge("tailbatch_wait_seconds", "h", {{"a", "b"}});
-  }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES((void)r.gauge("tailbatch_wait_seconds", "h", {{"a", "b"}}), std::invalid_argument,
                        MessageContains("already registered as a summary"));
   CHECK_THROWS_MATCHES(([&] { (void)r.gauge_callback("tailbatch_wait_seconds", "h", {}, [] { return 1.0; }); }()), std::invalid_argument,
                        MessageContains("already registered as a summary"));
@@ -538,9 +536,7 @@ TEST_CASE("callback gauges are read at exposition and removed by their handle", 
       (void)r.gauge_callback("tailbatch_queue_depth", "h", {{"pipeline", "b"}}, [] { return 0.0; });
     }()), std::invalid_argument,
                        MessageContains("already registered"));
-    CHECK_THROWS_MATCHES(([&] {
-      (void)r.gauge("tailbatch_queue_depth", "h", {{"pipeline", "b"}});
-    }()), std::invalid_argument,
+    CHECK_THROWS_MATCHES((void)r.gauge("tailbatch_queue_depth", "h", {{"pipeline", "b"}}), std::invalid_argument,
                        MessageContains("callback gauge"));
     CHECK_THROWS_MATCHES(([&] {
       (void)r.gauge_callback("tailbatch_queue_depth", "h", {{"pipeline", "a"}}, [] { return 0.0; });
@@ -816,18 +812,18 @@ TEST_CASE("windowed histograms: duplicate and conflicting registrations", "[metr
   auto& b = r.windowed_histogram("w_seconds", "h", {}, 60s, 6, {}, clock);
   CHECK(&a == &b);
 
-  CHECK_THROWS_MATCHES(([&] { (void)r.windowed_histogram("w_seconds", "h", {}, 30s, 6, {}, clock); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES((void)r.windowed_histogram("w_seconds", "h", {}, 30s, 6, {}, clock), std::invalid_argument,
                        MessageContains("different window"));
-  CHECK_THROWS_MATCHES(([&] { (void)r.windowed_histogram("w_seconds", "h", {}, 60s, 6); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES((void)r.windowed_histogram("w_seconds", "h", {}, 60s, 6), std::invalid_argument,
                        MessageContains("another clock type"));
-  CHECK_THROWS_MATCHES(([&] { (void)r.histogram("w_seconds", "h"); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES((void)r.histogram("w_seconds", "h"), std::invalid_argument,
                        MessageContains("windowed histogram"));
   (void)r.histogram("plain_seconds", "h");
-  CHECK_THROWS_MATCHES(([&] { (void)r.windowed_histogram("plain_seconds", "h", {}, 60s); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES((void)r.windowed_histogram("plain_seconds", "h", {}, 60s), std::invalid_argument,
                        MessageContains("without a window"));
-  CHECK_THROWS_MATCHES(([&] { (void)r.windowed_histogram("bad_seconds", "h", {}, 0s); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES((void)r.windowed_histogram("bad_seconds", "h", {}, 0s), std::invalid_argument,
                        MessageContains("window"));
-  CHECK_THROWS_MATCHES(([&] { (void)r.windowed_histogram("w_total", "h", {}, 60s); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES((void)r.windowed_histogram("w_total", "h", {}, 60s), std::invalid_argument,
                        MessageContains("reserved for counters"));
   // A windowed and a cumulative series may share a family: both are summaries.
   CHECK_NOTHROW(r.windowed_histogram("plain_seconds", "h", {{"k", "v"}}, 60s));

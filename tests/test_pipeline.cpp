@@ -186,11 +186,10 @@ TEST_CASE("Pipeline (manual): token budget, length buckets, and an oversized req
 TEST_CASE("Pipeline (manual): a token-budget policy needs a cost function") {
   ManualClock clock;
   Log log;
-  CHECK_THROWS_MATCHES(([&] {
-          ManualPipeline<TokenBudget> p(log.model(),
-                                        TokenBudget({.budget = 8, .max_batch = 4, .max_wait = 1ms, .bucket_bounds = {}}),
-                                        {}, clock);
-        }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(ManualPipeline<TokenBudget>(log.model(),
+                                                   TokenBudget({.budget = 8, .max_batch = 4, .max_wait = 1ms, .bucket_bounds = {}}),
+                                                   {}, clock),
+                       std::invalid_argument,
                        MessageIs("Pipeline: request_cost must be set for a policy that reads request cost"));
 }
 
@@ -604,17 +603,17 @@ TEST_CASE("Pipeline: bad configuration names the field") {
   Log log;
   using P = ManualPipeline<>;
   auto make = [&](P::Config cfg) { P p(log.model(), FixedWindow{4, 1ms}, std::move(cfg), clock); };
-  CHECK_THROWS_MATCHES(([&] { make({.queue_capacity = 0}); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(make({.queue_capacity = 0}), std::invalid_argument,
                        MessageIs("Pipeline: queue_capacity must be >= 1"));
-  CHECK_THROWS_MATCHES(([&] { make({.workers = 2}); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(make({.workers = 2}), std::invalid_argument,
                        MessageIs("Pipeline: workers must be 0 with a clock other than SteadyClock"));
-  CHECK_THROWS_MATCHES(([&] { make({.drain_timeout = -1ms}); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(make({.drain_timeout = -1ms}), std::invalid_argument,
                        MessageIs("Pipeline: drain_timeout must be >= 0"));
-  CHECK_THROWS_MATCHES(([&] { make({.starvation_limit = 0ms}); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(make({.starvation_limit = 0ms}), std::invalid_argument,
                        MessageIs("Pipeline: starvation_limit must be > 0"));
-  CHECK_THROWS_MATCHES(([&] { make({.submit_shards = 65}); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(make({.submit_shards = 65}), std::invalid_argument,
                        MessageIs("Pipeline: submit_shards must be at most 64 (0: automatic)"));
-  CHECK_THROWS_MATCHES(([&] { P p(P::Model{}, FixedWindow{4, 1ms}, {}, clock); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(P(P::Model{}, FixedWindow{4, 1ms}, {}, clock), std::invalid_argument,
                        MessageIs("Pipeline: model must be set"));
 }
 
@@ -707,7 +706,7 @@ TEST_CASE("Pipeline (manual): an admission limit below max_batch x lanes is refu
   CountingAdmission adm;
   adm.cap = 7;  // < 4 x 2
   using P = ManualPipeline<FixedWindow, CountingAdmission>;
-  CHECK_THROWS_MATCHES(([&] { P p(log.model(), FixedWindow{4, 1ms}, {}, lanes, adm, clock); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(P(log.model(), FixedWindow{4, 1ms}, {}, lanes, adm, clock), std::invalid_argument,
                        MessageStartsWith("Pipeline: the admission limit is below max_batch x lanes"));
   P::Config cfg;
   cfg.check_admission_limit = false;

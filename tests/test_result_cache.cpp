@@ -67,15 +67,15 @@ using tailbatch::test::MessageIs;
 
 TEST_CASE("ResultCache: bad configuration names the field") {
   using Cache = ResultCache<int, int>;
-  CHECK_THROWS_MATCHES(([] { Cache c({.max_entries = 0}); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(Cache({.max_entries = 0}), std::invalid_argument,
                        MessageIs("ResultCache: max_entries must be >= 1"));
-  CHECK_THROWS_MATCHES(([] { Cache c({.max_entries = 10, .max_bytes = 100}); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(Cache({.max_entries = 10, .max_bytes = 100}), std::invalid_argument,
                        MessageIs("ResultCache: size_of must be set when max_bytes is set"));
-  CHECK_THROWS_MATCHES(([] { Cache c({.max_entries = 10, .ttl = -1s}); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(Cache({.max_entries = 10, .ttl = -1s}), std::invalid_argument,
                        MessageIs("ResultCache: ttl must be >= 0"));
-  CHECK_THROWS_MATCHES(([] { Cache c({.max_entries = 100, .shards = 3}); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(Cache({.max_entries = 100, .shards = 3}), std::invalid_argument,
                        MessageIs("ResultCache: shards must be a power of two, at most 256"));
-  CHECK_THROWS_MATCHES(([] { Cache c({.max_entries = 2, .shards = 4}); }()), std::invalid_argument,
+  CHECK_THROWS_MATCHES(Cache({.max_entries = 2, .shards = 4}), std::invalid_argument,
                        MessageIs("ResultCache: max_entries must be >= shards"));
 }
 
