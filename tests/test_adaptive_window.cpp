@@ -72,6 +72,20 @@ BatchView view_of(const std::vector<BatchCandidate>& c, BatchTime now, std::size
   return v;
 }
 
+// The same with every lane busy: the plan's rule alone decides (the lookahead weighs a
+// choice only for a lane that is idle), and nothing is counted as dispatched.
+BatchView busy_view_of(const std::vector<BatchCandidate>& c, BatchTime now, std::size_t lanes = 2) {
+  BatchView v = view_of(c, now, lanes);
+  v.idle_lanes = 0;
+  return v;
+}
+
+// The value of one series in a Prometheus text exposition (-1 when it is absent).
+double series_value(const std::string& text, const std::string& series) {
+  const auto at = text.find(series + " ");
+  return at == std::string::npos ? -1.0 : std::stod(text.substr(at + series.size() + 1));
+}
+
 // Feeds `count` arrivals `gap` apart through decide(), one view per arrival, dispatching
 // whatever decide() asks for (as a Pipeline would). The clock ends at the last arrival.
 void drive_arrivals(const AdaptiveWindow& p, ManualClock& clock, std::size_t count, BatchDuration gap,
@@ -273,25 +287,75 @@ TEST_CASE("AdaptiveWindow: decide follows the plan: target size, then window, th
   REQUIRE(plan.batch >= 2);
   REQUIRE(plan.window > BatchDuration::zero());
 
+  // The plan's rule, on views with every lane busy (with a lane idle the lookahead may
+  // overrule it: the next test).
   const BatchTime now = clock.now();
   // Below the target, inside the window: wait until the window ends, or the target fills.
   auto few = queue_of(plan.batch - 1, now, 100us);
-  BatchDecision d = p.decide(view_of(few, now));
+  BatchDecision d = p.decide(busy_view_of(few, now));
   CHECK(d.count == 0);
   CHECK(d.decide_again_at == few.front().arrival + plan.window);
   CHECK(d.decide_again_at_queued == plan.batch);
   // The window ends: what is there goes.
-  d = p.decide(view_of(few, few.front().arrival + plan.window));
+  d = p.decide(busy_view_of(few, few.front().arrival + plan.window));
   CHECK(d.count == few.size());
   CHECK(d.reason == DispatchReason::window);
   // The target: exactly that many go.
   auto full = queue_of(plan.batch + 1, now, 100us);
-  d = p.decide(view_of(full, now));
+  d = p.decide(busy_view_of(full, now));
   CHECK(d.count == plan.batch);
   // Flush: never waits.
   d = p.decide(view_of(few, now, 2, true));
   CHECK(d.count == few.size());
   CHECK(d.reason == DispatchReason::flush);
+}
+
+TEST_CASE("AdaptiveWindow: with lanes idle, the lookahead sends a batch short of the target when waiting makes more late",
+          "[adaptive]") {
+  MetricsRegistry registry;
+  AdaptiveWindowConfig c = config();
+  c.metrics = &registry;
+  ManualClock clock;
+  const AdaptiveWindow p(c);
+  drive_arrivals(p, clock, 2000, 3333us);  // 300 requests/s
+  teach(p, example1_cost, 64, 4, clock.now());
+  const AdaptivePlan plan = p.plan();
+  REQUIRE(plan.batch >= 2);
+  REQUIRE(plan.window > BatchDuration::zero());
+  const std::string lookahead = "tailbatch_adaptive_closes_total{reason=\"lookahead\"}";
+  const double before = series_value(registry.prometheus(), lookahead);
+  // One short of the target with both lanes idle: the plan's rule would wait for the
+  // window or the next arrival (the previous test); played out, sending them now on one
+  // lane, with the other lane free for what comes next, leaves fewer requests over the
+  // plan's predicted p95.
+  const BatchTime now = clock.now();
+  const auto few = queue_of(plan.batch - 1, now, 100us);
+  const BatchDecision d = p.decide(view_of(few, now));
+  CHECK(d.count == few.size());
+  CHECK(d.reason == DispatchReason::size);
+  CHECK(series_value(registry.prometheus(), lookahead) == before + 1.0);
+  // With no lane idle nothing is played out: the plan's rule stands (it waits).
+  CHECK(p.decide(busy_view_of(few, now)).count == 0);
+}
+
+TEST_CASE("AdaptiveWindow in the simulator: where batching buys nothing, the lookahead never sends a larger batch",
+          "[adaptive][simulator]") {
+  // L(b) = 2 ms x b on two lanes at 900 requests/s (the no-gain profile near capacity):
+  // a larger batch would only take work from the other lane, so it is never weighed.
+  MetricsRegistry registry;
+  AdaptiveWindowConfig c = config(100ms, 16);
+  c.metrics = &registry;
+  const AdaptiveWindow p(c);
+  SimulationConfig sim;
+  sim.arrivals = LoadProfile::poisson(900, 6s);
+  sim.warmup = 1s;
+  sim.seed = 42;
+  sim.lanes = 2;
+  sim.service_time = LinearCost{2ms, 2ms};
+  const SimulationResult r = simulate(sim, p);
+  CHECK(r.ok == r.arrivals);
+  CHECK(series_value(registry.prometheus(), "tailbatch_adaptive_closes_total{reason=\"lookahead\"}") == 0.0);
+  CHECK(ms(r.p95) <= 1.05 * ms(simulate(sim, FixedWindow(1, 0ms)).p95));
 }
 
 TEST_CASE("AdaptiveWindow: never holds a request past what the SLO allows", "[adaptive]") {
@@ -421,7 +485,7 @@ TEST_CASE("AdaptiveWindow: explains itself in metrics", "[adaptive][metrics]") {
   CHECK(text.find("tailbatch_adaptive_predicted_p95_seconds{pipeline=\"demo\"}") != std::string::npos);
   CHECK(value("tailbatch_adaptive_feedback_total{pipeline=\"demo\"}") == 256.0);
   CHECK(text.find("tailbatch_adaptive_plans_total{pipeline=\"demo\"}") != std::string::npos);
-  for (const char* reason : {"max_batch", "target_size", "window", "slo_guard", "backlog", "flush"})
+  for (const char* reason : {"max_batch", "target_size", "window", "slo_guard", "backlog", "flush", "lookahead"})
     CHECK(text.find(std::string("tailbatch_adaptive_closes_total{pipeline=\"demo\",reason=\"") + reason + "\"}") !=
           std::string::npos);
   CHECK(text.find("reason=\"window\"} 0\n") == std::string::npos);  // windows did close
@@ -504,6 +568,34 @@ TEST_CASE("Goal, GPU-like and no-gain profiles: within 5 % of the best static wi
     const double best = best_static_p95(c, 16);
     INFO("no gain at 800 rps: adaptive " << adaptive << " ms, best static " << best << " ms");
     CHECK(adaptive <= 1.05 * best);
+  }
+}
+
+TEST_CASE("Goal, changing load: over 50, 450, 50 requests/s adaptive's p95 is below the static settings around the best",
+          "[adaptive][simulator][goal]") {
+  // The Example 1 profile over the issue's --steps 50:20,450:20,50:20 (60 simulated
+  // seconds, no warm-up). The whole grid is benchmarks/adaptive/run.sh's; here, to keep
+  // the test short, the part of it where the best static setting lies at these seeds
+  // (batch 12 to 24, windows up to 2 ms): the best of the whole grid is (0.5 ms, 16) at
+  // seeds 42, 1 and 2 and (0 ms, 16) at seed 3.
+  SimulationConfig c = profile(50, 20, 3, 5, 2);
+  c.arrivals = LoadProfile::steps(ArrivalProcess::poisson, {{20s, 50.0}, {20s, 450.0}, {20s, 50.0}});
+  c.warmup = 0s;
+  // Under the sanitizers (10x slower) seed 42 only.
+  const std::vector<std::uint64_t> seeds =
+      tailbatch::test::sanitizer_slowdown > 1 ? std::vector<std::uint64_t>{42} : std::vector<std::uint64_t>{42, 1};
+  for (std::uint64_t seed : seeds) {
+    c.seed = seed;
+    const SimulationResult a = simulate(c, AdaptiveWindow(config(150ms, 64)));
+    REQUIRE(a.ok == a.arrivals);
+    double best = 1e300;
+    for (double w : {0.0, 0.5, 1.0, 2.0})
+      for (std::size_t b : {12u, 16u, 24u})
+        best = std::min(best, ms(simulate(c, FixedWindow(b, std::chrono::duration_cast<BatchDuration>(
+                                                                std::chrono::duration<double, std::milli>(w))))
+                                     .p95));
+    INFO("seed " << seed << ": adaptive p95 " << ms(a.p95) << " ms, best static nearby " << best << " ms");
+    CHECK(ms(a.p95) < best);
   }
 }
 
