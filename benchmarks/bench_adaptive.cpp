@@ -15,7 +15,14 @@
 //                                  simulation); what one call cost then.
 //   BM_FixedWindow_Decide          the baseline's floor: FixedWindow's close decision on a
 //                                  16-request view.
-//   BM_AdaptiveWindow_Decide       AdaptiveWindow's close decision on the same view.
+//   BM_AdaptiveWindow_Decide       AdaptiveWindow's close decision on the same view,
+//                                  no lane idle (the plan's rule alone).
+//   BM_AdaptiveWindow_DecideIdle/R one arrival at R requests/s through decide() with the
+//                                  lanes idle, as a Pipeline asks when a request comes:
+//                                  the plan's rule, and the lookahead (two choices played
+//                                  out) wherever that rule would wait or send fewer than
+//                                  all queued. Counter: lookahead_closes_per_call (the
+//                                  share of calls whose close the lookahead chose).
 // The policy learns the latency guide's Example 1 model (L(b) = 20 ms + 3 ms x (b - 1), 2
 // lanes, SLO p95 150 ms, max batch 64) from feedback, with arrivals fed through decide()
 // on a ManualClock (outside the timed region where marked).
@@ -26,6 +33,7 @@
 #include <tailbatch/adaptive_window.hpp>
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/clock.hpp>
+#include <tailbatch/metrics.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -33,6 +41,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <string>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -181,6 +190,26 @@ void BM_AdaptiveWindow_Decide(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(d.policy.decide(v));
 }
 BENCHMARK(BM_AdaptiveWindow_Decide);
+
+void BM_AdaptiveWindow_DecideIdle(benchmark::State& state) {
+  MetricsRegistry registry;
+  AdaptiveWindowConfig c = example1_config();
+  c.metrics = &registry;
+  Driver d{AdaptiveWindow(c)};
+  const auto rate = static_cast<double>(state.range(0));
+  d.warm(rate);
+  std::size_t calls = 0;
+  for (auto _ : state) {
+    d.arrive(rate, 1);
+    ++calls;
+  }
+  const std::string text = registry.prometheus();
+  const std::string series = "tailbatch_adaptive_closes_total{reason=\"lookahead\"} ";
+  const auto at = text.find(series);
+  const double closes = at == std::string::npos ? 0.0 : std::stod(text.substr(at + series.size()));
+  state.counters["lookahead_closes_per_call"] = calls > 0 ? closes / static_cast<double>(calls) : 0.0;
+}
+BENCHMARK(BM_AdaptiveWindow_DecideIdle)->Arg(300)->Arg(450)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
