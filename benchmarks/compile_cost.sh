@@ -7,7 +7,9 @@
 #   2. the time to compile a file that instantiates one Pipeline (submit, future, shutdown)
 #      against the time to compile that standard-headers file (goal: <= 3x), each the median
 #      of --runs runs, interleaved so both see the same machine load. CPU time (user + sys)
-#      makes the ratio; wall time and peak memory are printed beside it.
+#      makes the ratio; wall time and peak memory are printed beside it;
+#   3. for scale, in the same runs: a minimal hand-written batcher (not tailbatch) using the
+#      same standard facilities (threads, condition variable, promise/future, std::function).
 #
 # Usage: benchmarks/compile_cost.sh [--cxx g++] [--runs 3] [--flags "-O2"]
 # Not a test: it prints figures and whether the goals are met, and exits 0 unless a
@@ -23,7 +25,7 @@ while [[ $# -gt 0 ]]; do
     --cxx) cxx="$2"; shift 2 ;;
     --runs) runs="$2"; shift 2 ;;
     --flags) flags="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "compile_cost.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -77,6 +79,137 @@ int main() {
 }
 EOF
 
+# The floor's floor: a minimal hand-written batching front door using the same standard
+# facilities as a Pipeline (worker threads, a mutex and condition variable, promise and
+# future, a std::function model, a deadline check, EDF order), with none of a Pipeline's
+# other features. Not tailbatch code: it says how much of the 3x budget a batcher of any
+# design spends on the standard library alone.
+cat > "$work/minimal_batcher.cpp" <<'EOF'
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <future>
+#include <iterator>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+template <class Req, class Resp>
+class MiniBatcher {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Model = std::function<void(std::span<const Req>, std::span<Resp>)>;
+  struct Result {
+    bool ok = false;
+    std::optional<Resp> value;
+    std::string error;
+  };
+  MiniBatcher(Model m, std::size_t max_batch, std::chrono::nanoseconds window, std::size_t workers)
+      : model_(std::move(m)), max_batch_(max_batch), window_(window) {
+    for (std::size_t i = 0; i < workers; ++i) threads_.emplace_back([this] { run(); });
+  }
+  ~MiniBatcher() { shutdown(); }
+  std::future<Result> submit(Req r, std::chrono::nanoseconds timeout) {
+    std::promise<Result> p;
+    auto f = p.get_future();
+    {
+      std::lock_guard lk(mu_);
+      if (closed_) {
+        p.set_value({false, {}, "shutting down"});
+        return f;
+      }
+      const auto now = Clock::now();
+      q_.push_back({std::move(r), std::move(p), now + timeout, now});
+    }
+    cv_.notify_one();
+    return f;
+  }
+  void shutdown() {
+    {
+      std::lock_guard lk(mu_);
+      if (closed_) return;
+      closed_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  struct Entry {
+    Req req;
+    std::promise<Result> done;
+    Clock::time_point deadline, arrival;
+  };
+  void run() {
+    for (;;) {
+      std::vector<Entry> batch;
+      {
+        std::unique_lock lk(mu_);
+        for (;;) {
+          if (q_.empty()) {
+            if (closed_) return;
+            cv_.wait(lk);
+            continue;
+          }
+          const auto due = q_.front().arrival + window_;
+          if (q_.size() >= max_batch_ || closed_ || Clock::now() >= due) break;
+          cv_.wait_until(lk, due);
+        }
+        const auto n = static_cast<std::ptrdiff_t>(std::min(max_batch_, q_.size()));
+        std::sort(q_.begin(), q_.end(), [](const Entry& a, const Entry& b) { return a.deadline < b.deadline; });
+        std::move(q_.begin(), q_.begin() + n, std::back_inserter(batch));
+        q_.erase(q_.begin(), q_.begin() + n);
+      }
+      const auto now = Clock::now();
+      std::vector<Req> in;
+      std::vector<Entry*> live;
+      for (auto& e : batch) {
+        if (e.deadline < now) {
+          e.done.set_value({false, {}, "deadline exceeded"});
+        } else {
+          in.push_back(e.req);
+          live.push_back(&e);
+        }
+      }
+      std::vector<Resp> out(in.size());
+      try {
+        model_(in, out);
+        for (std::size_t i = 0; i < live.size(); ++i) live[i]->done.set_value({true, out[i], {}});
+      } catch (const std::exception& ex) {
+        for (auto* e : live) e->done.set_value({false, {}, ex.what()});
+      }
+    }
+  }
+  Model model_;
+  std::size_t max_batch_;
+  std::chrono::nanoseconds window_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Entry> q_;
+  bool closed_ = false;
+  std::vector<std::thread> threads_;
+};
+
+int main() {
+  using namespace std::chrono_literals;
+  MiniBatcher<int, int> b(
+      [](std::span<const int> in, std::span<int> out) {
+        for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i] * in[i];
+      },
+      32, 5ms, 2);
+  auto f = b.submit(7, 100ms);
+  const bool ok = f.get().ok;
+  b.shutdown();
+  return ok ? 0 : 1;
+}
+EOF
+
 std_flags=(-std=c++20 -Iinclude)
 read -r -a extra_flags <<< "$flags"
 
@@ -96,13 +229,16 @@ std_lines=$(lines "$work/std_headers.cpp")
 
 : > "$work/std.runs"
 : > "$work/pipe.runs"
+: > "$work/mini.runs"
 for ((i = 1; i <= runs; ++i)); do
   compile_once "$work/std_headers.cpp" >> "$work/std.runs"
   compile_once "$work/pipeline.cpp" >> "$work/pipe.runs"
+  compile_once "$work/minimal_batcher.cpp" >> "$work/mini.runs"
 done
 col() { awk -v c="$2" '{ print $c }' "$1" | median; }
 std_wall=$(col "$work/std.runs" 1); std_cpu=$(col "$work/std.runs" 2); std_mem=$(col "$work/std.runs" 3)
 pipe_wall=$(col "$work/pipe.runs" 1); pipe_cpu=$(col "$work/pipe.runs" 2); pipe_mem=$(col "$work/pipe.runs" 3)
+mini_wall=$(col "$work/mini.runs" 1); mini_cpu=$(col "$work/mini.runs" 2); mini_mem=$(col "$work/mini.runs" 3)
 
 verdict() { if awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= b) }'; then echo met; else echo "NOT met"; fi; }
 ratio=$(awk -v a="$pipe_cpu" -v b="$std_cpu" 'BEGIN { printf "%.2f", a / b }')
@@ -118,3 +254,7 @@ printf '%-40s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "compile: standard heade
 printf '%-40s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "compile: one Pipeline instantiated" \
   "$pipe_wall" "$pipe_cpu" "$((pipe_mem / 1024))"
 echo "ratio (Pipeline / standard headers, cpu time): ${ratio}x (goal <= 3x: $(verdict "$ratio" 3))"
+mini_ratio=$(awk -v a="$mini_cpu" -v b="$std_cpu" 'BEGIN { printf "%.2f", a / b }')
+printf '%-40s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "compile: a minimal hand-written batcher" \
+  "$mini_wall" "$mini_cpu" "$((mini_mem / 1024))"
+echo "ratio (minimal batcher / standard headers, cpu time): ${mini_ratio}x (not tailbatch: the standard library's share of any batcher)"
