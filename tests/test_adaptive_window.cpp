@@ -1,7 +1,8 @@
 // AdaptiveWindow: what it learns (cost per batch size, arrival rate), how it decides (the
-// plan's window and size, the backlog and SLO rules, cold start), what it exposes, and the
-// issue's goals on a subset of the simulated profiles. Time comes from a ManualClock: the
-// views are built by hand at chosen times, or the simulator drives the policy.
+// plan's window and size, the backlog and SLO rules, the lookahead, cold start), what it
+// exposes, and the goals on a subset of the simulated profiles and the changing
+// load. Time comes from a ManualClock: the views are built by hand at chosen times, or
+// the simulator drives the policy.
 #include <tailbatch/adaptive_window.hpp>
 
 #include <tailbatch/metrics.hpp>
