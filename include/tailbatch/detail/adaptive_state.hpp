@@ -1,0 +1,752 @@
+// AdaptiveWindow's learned state (see <tailbatch/adaptive_window.hpp> and
+// docs/adaptive-window.md): the cost table it fits from the lanes' feedback, the arrival
+// count (ArrivalCounter), the planner (a (window, size) grid played through a model of the
+// lanes, in bounded slices, cached per rate band), the plan's rule, the lookahead
+// (LaneLookahead) and the metrics that explain it. One class, because every part reads the
+// same plan and cost table under one lock.
+//
+// Thread-safety: every public member takes the state's mutex. Allocates in its
+// constructor only (and registering metrics may throw what the registry throws); nothing
+// else throws.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <tailbatch/adaptive_plan.hpp>
+#include <tailbatch/batch_window.hpp>
+#include <tailbatch/detail/arrival_counter.hpp>
+#include <tailbatch/detail/lane_lookahead.hpp>
+#include <tailbatch/detail/math.hpp>
+#include <tailbatch/metrics.hpp>
+
+namespace tailbatch::detail {
+
+// The policy's learned state. Guarded by `mu_`; see AdaptiveWindow.
+class AdaptiveState {
+ public:
+  // A running mean per size weighs the last this-many samples (follows a drifting model).
+  static constexpr double size_memory = 32.0;
+  // A sample above this multiple of its size's mean is clipped to it (a stall, a page
+  // fault) once the size has enough samples to trust its mean.
+  static constexpr double outlier_ratio = 1.5;
+  // Plans are made for rates on a geometric grid of this ratio, and remembered.
+  static constexpr double rate_step = 1.04;
+  // The model is re-planned when L(1) or L(max_batch) moved by more than this fraction.
+  static constexpr double cost_drift = 0.03;
+  // Requests in the planning simulation (the first tenth is its warm-up).
+  static constexpr std::size_t plan_requests = 6000;
+  // A call advances a plan in the making by at most this many simulated requests (and
+  // one batch): the bound on planning work per on_batch_executed.
+  static constexpr std::size_t plan_slice = 8192;
+  // Window candidates, as fractions of a batch of one's cost.
+  static constexpr std::array<double, 12> window_grid = {0.0,   0.025, 0.05, 0.1, 0.15, 0.25,
+                                                         0.4,   0.5,   0.75, 1.0, 1.5,  2.0};
+  static constexpr std::size_t max_plan_lanes = 256;
+  static constexpr std::size_t cache_size = 32;
+  // A plan made for a rate this many times below the one counted now is stale; until the
+  // new one is in force the target is at least the size that keeps the lanes at most
+  // keep_up_load busy at the counted rate.
+  static constexpr double stale_rise = 1.25;
+  static constexpr double keep_up_load = 0.9;
+  // The queue in a view is read as a rate (see decide) from this many requests up.
+  static constexpr std::size_t view_rate_min = 8;
+  static constexpr double view_rise = 2.0;
+  // How much cheaper per request the larger batch must be for the lookahead to weigh it.
+  static constexpr double lookahead_gain = 0.98;
+
+  explicit AdaptiveState(const AdaptiveWindowConfig& c)
+      : slo_p95_(c.slo_p95),
+        slo_p99_(c.slo_p99),
+        cap_(c.max_batch),
+        sizes_(c.max_batch + 1),
+        table_(c.max_batch + 1, 0.0),
+        lookahead_(c.max_batch, max_plan_lanes) {
+    // 1, 2, 3, 4, 6, 8, 12, 16, 24, ...: powers of two and one and a half times them.
+    for (std::size_t p = 1; p <= cap_; p *= 2) {
+      batch_grid_.push_back(p);
+      if (p >= 2 && p + p / 2 <= cap_) batch_grid_.push_back(p + p / 2);
+      if (p > cap_ / 2) break;
+    }
+    if (batch_grid_.back() != cap_) batch_grid_.push_back(cap_);
+    // Unit-rate exponential gaps from a fixed seed: every plan sees the same arrivals
+    // (common random numbers), scaled to the rate it plans for.
+    std::uint64_t x = 0x9e3779b97f4a7c15ULL;
+    unit_arrivals_.resize(plan_requests);
+    double t = 0.0;
+    for (double& a : unit_arrivals_) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      const double u = (static_cast<double>(x >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+      t += -detail::log(u);
+      a = t;
+    }
+    latencies_.resize(plan_requests);
+    lane_free_.resize(max_plan_lanes);
+    job_table_.resize(c.max_batch + 1);
+    job_latencies_.resize(plan_requests);
+    job_lane_free_.resize(max_plan_lanes);
+    job_window_free_.resize(batch_grid_.size());
+    if (c.metrics != nullptr) register_metrics(*c.metrics, c.metric_labels);
+  }
+
+  void learn(const BatchFeedback& f) noexcept {
+    if (f.failed || f.model_time <= std::chrono::nanoseconds::zero()) return;
+    const std::size_t b = std::clamp<std::size_t>(std::max(f.padded_size, f.size), 1, cap_);
+    const double x = std::chrono::duration<double>(f.model_time).count();
+    std::lock_guard lock(mu_);
+    SizeStat& s = sizes_[b];
+    if (s.weight > 0.0 && s.weight < 3.0 && x * outlier_ratio < s.mean) {
+      // Too few samples to trust, and this one is far lower: the first were a stall (a
+      // cold cache, a thread starting); start the size again from this one.
+      s.weight = 0.0;
+    }
+    const double clipped = s.weight >= 3.0 ? std::min(x, outlier_ratio * s.mean) : x;
+    s.weight = std::min(s.weight + 1.0, size_memory);
+    s.mean += (clipped - s.mean) / s.weight;
+    ++samples_;
+    // The lane that ran it frees now (the lookahead reads when each lane frees).
+    lookahead_.finished(saturating_add(f.started, std::chrono::duration_cast<BatchDuration>(f.model_time)), lanes_);
+    refit();
+    if (m_.feedback != nullptr) m_.feedback->inc();
+    // Planning happens here, on the thread that just ran a batch, rather than in decide():
+    // batch formation never waits for it.
+    replan_if_stale(f.started);
+  }
+
+  // The decision; see AdaptiveWindow::decide. The plan's rule decides first; where a lane
+  // is idle and that rule would send fewer than all that is queued (or wait), the two
+  // choices are played out (lookahead) and the one with fewer late requests is taken.
+  BatchDecision decide(const BatchView& v) noexcept {
+    std::lock_guard lock(mu_);
+    observe_arrivals(v);
+    lanes_ = std::clamp<std::size_t>(v.lanes, 1, max_plan_lanes);
+    reason_ = AdaptiveCloseReason::flush;
+    BatchDecision d = plan_decide(v);
+    const std::size_t all = std::min(v.candidates.size(), cap_);
+    const std::size_t base = std::max<std::size_t>(d.count, 1);
+    // Only where a larger batch is cheaper per request: where batching buys nothing, a
+    // larger batch would only take work from the other lanes.
+    if (planned_ && !v.flush && v.idle_lanes > 0 && d.count < all &&
+        cost(all) * static_cast<double>(base) < lookahead_gain * cost(base) * static_cast<double>(all) &&
+        lookahead(v, all) < lookahead(v, d.count)) {
+      d = BatchDecision::dispatch(all, DispatchReason::size);
+      reason_ = AdaptiveCloseReason::lookahead;
+    }
+    // Only a dispatch with a lane to run it is counted (as taken off the queue, as a
+    // close, and as that lane's work): the Pipeline does not act on the others.
+    if (d.count > 0 && v.idle_lanes > 0) {
+      if (Counter* c = m_.closes[static_cast<std::size_t>(reason_)]) c->inc();
+      arrivals_.dispatched(d.count);
+      lookahead_.dispatched(v.now, lanes_, to_duration(cost(std::min(d.count, cap_))));
+    }
+    return d;
+  }
+
+  // The plan's rule (see the header comment), under the lock; close() notes the reason.
+  BatchDecision plan_decide(const BatchView& v) noexcept {
+    const std::size_t n = v.candidates.size();
+    if (n == 0) return BatchDecision::wait(BatchTime::max(), 1);
+    // Cold start: no plan yet, so nothing is held.
+    std::size_t target = planned_ ? std::min(plan_.batch, cap_) : cap_;
+    const BatchDuration window = planned_ ? plan_.window : BatchDuration::zero();
+    const BatchDuration slo = slo_p99_ > BatchDuration::zero() ? std::min(slo_p95_, slo_p99_) : slo_p95_;
+    if (planned_) {
+      // A rise in load the plan has not caught up with yet (it was made for well under the
+      // rate counted now): no smaller than the size that keeps up with the counted rate,
+      // until the plan for it is in force.
+      double r = rate_at(v.now);
+      // The queue tells of a rise before the count does: n requests that arrived within
+      // the oldest one's wait came at (n - 1) / wait at least.
+      if (n >= view_rate_min) {
+        const double waited = std::chrono::duration<double>(v.now - window_start(v.candidates)).count();
+        const double seen = waited > 0.0 ? static_cast<double>(n - 1) / waited : 0.0;
+        if (seen > view_rise * plan_.rate_rps) r = std::max(r, seen);
+      }
+      if (r > stale_rise * plan_.rate_rps) {
+        const std::size_t keep = keep_up_size(r);
+        if (keep > target && cost(keep) * static_cast<double>(target) < 0.8 * cost(target) * static_cast<double>(keep))
+          target = keep;
+      }
+      // A backlog: more queued than batches of the target can drain within the SLO on
+      // the lanes there are. Where larger batches are cheaper per request, close the
+      // smallest size that does drain it (the cap if none does). (Where batching buys
+      // nothing, larger batches would only take work away from the other lanes.)
+      const std::size_t queued = std::max(v.queued, n);
+      if (queued > target) {
+        const BatchDuration age = v.now - window_start(v.candidates);
+        const std::size_t s = drain_size(queued, target, slo - std::max(age, BatchDuration::zero()));
+        if (s > target && cost(s) * static_cast<double>(target) < 0.8 * cost(target) * static_cast<double>(s)) {
+          const std::size_t take = std::min(s, n);
+          return close(take, DispatchReason::size,
+                       take == cap_ ? AdaptiveCloseReason::max_batch : AdaptiveCloseReason::backlog);
+        }
+      }
+    }
+    if (n >= target) {
+      return close(target, DispatchReason::size,
+                   target == cap_ ? AdaptiveCloseReason::max_batch : AdaptiveCloseReason::target_size);
+    }
+    if (v.flush) return close(n, DispatchReason::flush, AdaptiveCloseReason::flush);
+    const BatchTime oldest = window_start(v.candidates);
+    const BatchTime window_end = saturating_add(oldest, window);
+    // The latest the oldest request may start: its SLO less the cost of the batch it
+    // would run in, less a tenth of the SLO kept for what happens outside the lane.
+    const BatchDuration hold_max = slo - to_duration(cost(target)) - slo / 10;
+    const BatchTime guard = saturating_add(oldest, std::max(hold_max, BatchDuration::zero()));
+    if (v.now >= guard) return close(n, DispatchReason::deadline, AdaptiveCloseReason::slo_guard);
+    if (v.now >= window_end) return close(n, DispatchReason::window, AdaptiveCloseReason::window);
+    return BatchDecision::wait(std::min(window_end, guard), target);
+  }
+
+  AdaptiveCostModel cost_model() const noexcept {
+    std::lock_guard lock(mu_);
+    AdaptiveCostModel m;
+    m.intercept_s = intercept_;
+    m.slope_s = slope_;
+    m.samples = samples_;
+    m.sizes_seen = sizes_seen_;
+    return m;
+  }
+
+  double estimate(std::size_t b) const noexcept {
+    std::lock_guard lock(mu_);
+    return cost(std::clamp<std::size_t>(b, 1, cap_));
+  }
+
+  double rate(BatchTime now) const noexcept {
+    std::lock_guard lock(mu_);
+    return rate_at(now);
+  }
+
+  AdaptivePlan predict(double rate, std::size_t lanes, std::size_t batch, BatchDuration window) noexcept {
+    std::lock_guard lock(mu_);
+    AdaptivePlan p;
+    p.batch = std::clamp<std::size_t>(batch, 1, cap_);
+    p.window = std::max(window, BatchDuration::zero());
+    p.rate_rps = rate;
+    if (epoch_ == 0 || !(rate > 0.0)) return p;
+    const std::size_t saved = lanes_;
+    lanes_ = std::clamp<std::size_t>(lanes, 1, max_plan_lanes);
+    simulate_fixed(rate, p.batch, std::chrono::duration<double>(p.window).count(), p.predicted_p95_s, p.predicted_p99_s);
+    lanes_ = saved;
+    return p;
+  }
+
+  AdaptivePlan plan() const noexcept {
+    std::lock_guard lock(mu_);
+    if (!planned_) {
+      AdaptivePlan p;
+      p.batch = cap_;
+      return p;
+    }
+    return plan_;
+  }
+
+ private:
+  struct SizeStat {
+    double mean = 0.0;
+    double weight = 0.0;
+  };
+  struct Cached {
+    std::int64_t bucket = 0;
+    std::uint64_t epoch = 0;
+    std::size_t lanes = 0;
+    AdaptivePlan plan{};
+    std::size_t wi = 0, bi = 0;  // its cell of the grid
+    bool used = false;
+  };
+  // A plan in the making (see start_job); it advances by at most plan_slice simulated
+  // requests per call.
+  struct PlanJob {
+    bool active = false;
+    bool any_feasible = false;
+    bool running = false;  // a candidate's simulation is under way
+    double rate = 0.0;
+    std::int64_t bucket = 0;
+    std::uint64_t epoch = 0;
+    std::size_t lanes = 1;
+    std::size_t order_first = 0;  // the candidate tried first (the plan in force)
+    std::size_t next = 0;         // candidates begun
+    std::size_t index = 0, b = 1;  // the candidate running, and its size and window
+    double w = 0.0;
+    bool window_mattered = false, size_mattered = false;
+    // The first window index from which, for a size, every longer window plays out the
+    // same (job_window_free_); likewise per window the first size index (size_free).
+    std::array<std::size_t, window_grid.size()> size_free{};
+    std::size_t h = 0;  // requests simulated so far
+    std::size_t over95 = 0, over99 = 0;
+    AdaptivePlan best{};
+    double best_score = std::numeric_limits<double>::infinity();
+    std::size_t best_index = 0;
+  };
+  struct Metrics {
+    Gauge* intercept = nullptr;
+    Gauge* slope = nullptr;
+    Gauge* rate = nullptr;
+    Gauge* target = nullptr;
+    Gauge* window = nullptr;
+    Gauge* predicted = nullptr;
+    Counter* feedback = nullptr;
+    Counter* plans = nullptr;
+    std::array<Counter*, adaptive_close_reason_count> closes{};
+  };
+
+  static BatchDuration to_duration(double s) noexcept {
+    if (!(s > 0.0)) return BatchDuration::zero();
+    if (s > 1e6) s = 1e6;
+    return std::chrono::duration_cast<BatchDuration>(std::chrono::duration<double>(s));
+  }
+
+  // A dispatch decided on a view with no idle lane is not acted on at once: the Pipeline
+  // leaves the requests queued (the batch may grow) and asks again when a lane frees, so
+  // they are shown again. decide() counts only a dispatch with a lane to run it (counting
+  // the others would count their requests as arrivals once per view that shows them).
+  BatchDecision close(std::size_t count, DispatchReason why, AdaptiveCloseReason reason) noexcept {
+    reason_ = reason;
+    return BatchDecision::dispatch(count, why);
+  }
+
+  // The late requests (see LaneLookahead::late) if `first` go now, under the plan in force.
+  double lookahead(const BatchView& v, std::size_t first) noexcept {
+    LaneLookahead::Plan p;
+    p.lanes = lanes_;
+    p.rate = rate_at(v.now);
+    p.batch = std::min(plan_.batch, cap_);
+    p.window_s = std::chrono::duration<double>(plan_.window).count();
+    p.late_after_s = plan_.predicted_p95_s;
+    return lookahead_.late(v, first, p, table_, unit_arrivals_);
+  }
+
+  // The modelled cost of a batch of b (1 <= b <= cap), seconds; 0 before any feedback.
+  double cost(std::size_t b) const noexcept { return table_[b]; }
+
+  // The smallest size whose batches keep the lanes at most keep_up_load busy at `rate`
+  // (1 when none does: then no size keeps up, and a larger one would only add its cost).
+  // O(max_batch).
+  std::size_t keep_up_size(double rate) const noexcept {
+    for (std::size_t b = 1; b <= cap_; ++b)
+      if (rate * cost(b) <= keep_up_load * static_cast<double>(lanes_) * static_cast<double>(b)) return b;
+    return 1;
+  }
+
+  // The smallest size from `target` up whose batches, on every lane, run `queued`
+  // requests within `budget` less a tenth of the SLO (rounds of batches times a batch's
+  // cost); the cap when none does. O(max_batch).
+  std::size_t drain_size(std::size_t queued, std::size_t target, BatchDuration left) const noexcept {
+    const double budget = std::chrono::duration<double>(left).count() - 0.1 * std::chrono::duration<double>(slo_p95_).count();
+    for (std::size_t s = target; s <= cap_; ++s) {
+      const std::size_t per_round = s * lanes_;
+      const auto rounds = static_cast<double>((queued + per_round - 1) / per_round);
+      if (rounds * cost(s) <= budget) return s;
+    }
+    return cap_;
+  }
+
+  // Counts arrivals (ArrivalCounter) and shows the rate.
+  void observe_arrivals(const BatchView& v) noexcept {
+    arrivals_.observe(v);
+    if (m_.rate != nullptr) m_.rate->set(rate_at(v.now));
+  }
+
+  double rate_at(BatchTime now, std::uint64_t* counted = nullptr) const noexcept { return arrivals_.rate_at(now, counted); }
+
+  // Rebuilds the cost table from the per-size means: a weighted least-squares line over
+  // the sizes seen, the means themselves where a size has enough samples, linear
+  // interpolation between such sizes, and the line's slope beyond them.
+  void refit() noexcept {
+    double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+    std::size_t seen = 0;
+    for (std::size_t b = 1; b <= cap_; ++b) {
+      const SizeStat& s = sizes_[b];
+      if (s.weight <= 0.0) continue;
+      ++seen;
+      const double x = static_cast<double>(b);
+      sw += s.weight;
+      sx += s.weight * x;
+      sy += s.weight * s.mean;
+      sxx += s.weight * x * x;
+      sxy += s.weight * x * s.mean;
+    }
+    sizes_seen_ = seen;
+    if (seen == 0) return;
+    const double mx = sx / sw, my = sy / sw;
+    const double var = sxx / sw - mx * mx;
+    double slope = 0.0;
+    if (seen >= 2 && var > 0.0) {
+      slope = std::max(0.0, (sxy / sw - mx * my) / var);
+    } else {
+      // One size seen: assume each further request adds a tenth of the mean batch's
+      // per-request cost (some gain from batching, not none), until sizes vary.
+      slope = 0.1 * my / mx;
+    }
+    double intercept = my - slope * mx;
+    if (intercept < 0.0) {
+      // Never below zero at size 0: refit through the origin.
+      intercept = 0.0;
+      slope = sxy / sxx;
+    }
+    intercept_ = intercept;
+    slope_ = slope;
+    if (m_.intercept != nullptr) m_.intercept->set(intercept_);
+    if (m_.slope != nullptr) m_.slope->set(slope_);
+
+    // Piecewise: anchors are sizes with enough samples to trust; between anchors
+    // interpolate, outside them follow the line's slope from the nearest anchor.
+    std::size_t prev = 0;
+    for (std::size_t b = 1; b <= cap_; ++b) {
+      if (sizes_[b].weight < 3.0) continue;
+      table_[b] = sizes_[b].mean;
+      if (prev == 0) {
+        for (std::size_t i = 1; i < b; ++i) table_[i] = sizes_[b].mean - slope * static_cast<double>(b - i);
+      } else {
+        const double a = table_[prev], z = sizes_[b].mean;
+        for (std::size_t i = prev + 1; i < b; ++i)
+          table_[i] = a + (z - a) * static_cast<double>(i - prev) / static_cast<double>(b - prev);
+      }
+      prev = b;
+    }
+    if (prev == 0) {
+      for (std::size_t b = 1; b <= cap_; ++b) table_[b] = intercept + slope * static_cast<double>(b);
+    } else {
+      for (std::size_t b = prev + 1; b <= cap_; ++b) table_[b] = table_[prev] + slope * static_cast<double>(b - prev);
+    }
+    // Never free, never cheaper than a smaller batch.
+    table_[1] = std::max(table_[1], 1e-9);
+    for (std::size_t b = 2; b <= cap_; ++b) table_[b] = std::max(table_[b], table_[b - 1]);
+    // A new epoch when the model moved enough to change plans.
+    const double c1 = table_[1], cn = table_[cap_];
+    if (epoch_ == 0 || detail::fabs(c1 - epoch_c1_) > cost_drift * epoch_c1_ ||
+        detail::fabs(cn - epoch_cn_) > cost_drift * epoch_cn_) {
+      ++epoch_;
+      epoch_c1_ = c1;
+      epoch_cn_ = cn;
+    }
+  }
+
+  std::int64_t bucket_of(double rate) const noexcept {
+    return static_cast<std::int64_t>(detail::floor(detail::log(rate) / detail::log(rate_step)));
+  }
+
+  // Makes sure the plan in force is for the current rate bucket, lanes and cost epoch:
+  // from the cache at once, or by a planning job that runs in bounded slices, one per call
+  // (see advance_job). The plan in force stays in force until the job ends.
+  void replan_if_stale(BatchTime now) noexcept {
+    std::size_t budget = plan_slice;
+    const double rate = rate_at(now);
+    // A plan in the making for a rate the load has since left far behind is dropped: the
+    // one for the rate now is started instead.
+    if (job_.active && rate > 0.0 && detail::fabs(rate - job_.rate) > (stale_rise - 1.0) * job_.rate) job_.active = false;
+    if (job_.active) {
+      advance_job(budget);
+      if (job_.active) return;
+    }
+    if (rate <= 0.0 || epoch_ == 0) return;
+    const std::int64_t bucket = bucket_of(rate);
+    if (planned_ && bucket == plan_bucket_ && epoch_ == plan_epoch_ && lanes_ == plan_lanes_) return;
+    for (const Cached& c : cache_) {
+      if (c.used && c.bucket == bucket && c.epoch == epoch_ && c.lanes == lanes_) {
+        adopt(c.plan, bucket, c.epoch, c.lanes, c.wi, c.bi);
+        return;
+      }
+    }
+    start_job(detail::pow(rate_step, static_cast<double>(bucket) + 0.5), bucket);
+    advance_job(budget);
+  }
+
+  void adopt(const AdaptivePlan& p, std::int64_t bucket, std::uint64_t epoch, std::size_t lanes, std::size_t wi,
+             std::size_t bi) noexcept {
+    plan_ = p;
+    planned_ = true;
+    plan_bucket_ = bucket;
+    plan_epoch_ = epoch;
+    plan_lanes_ = lanes;
+    plan_wi_ = wi;
+    plan_bi_ = bi;
+    if (m_.target != nullptr) m_.target->set(static_cast<double>(p.batch));
+    if (m_.window != nullptr) m_.window->set(std::chrono::duration<double>(p.window).count());
+    if (m_.predicted != nullptr) m_.predicted->set(p.predicted_p95_s);
+  }
+
+  // A plan: every (window, size) candidate of the grid simulated at `rate` on a snapshot
+  // of the learned cost table; the one with the lowest objective wins: the p95 over its
+  // target, or the p99 over its target when a p99 target is set and that is worse. Ties go
+  // to the smaller window, then the smaller size. The search is exact but cut short where
+  // it cannot change the answer: the plan in force (its grid cell) is simulated first, a
+  // candidate is abandoned as soon as more of its requests exceed the best objective so
+  // far than the percentile allows, and sizes that cannot keep up with the rate on the
+  // lanes are skipped (when some size can).
+  void start_job(double rate, std::int64_t bucket) noexcept {
+    job_ = PlanJob{};
+    job_.active = true;
+    job_.rate = rate;
+    job_.bucket = bucket;
+    job_.epoch = epoch_;
+    job_.lanes = lanes_;
+    std::copy(table_.begin(), table_.end(), job_table_.begin());
+    // The first candidate sets the bound the others are cut short against: the cell of
+    // the plan made for the nearest rate (the plan in force, or a remembered one).
+    job_.order_first = planned_ ? plan_wi_ * batch_grid_.size() + plan_bi_ : 0;
+    std::int64_t nearest = planned_ ? std::abs(plan_bucket_ - bucket) : std::numeric_limits<std::int64_t>::max();
+    for (const Cached& c : cache_) {
+      if (c.used && c.lanes == lanes_ && std::abs(c.bucket - bucket) < nearest) {
+        nearest = std::abs(c.bucket - bucket);
+        job_.order_first = c.wi * batch_grid_.size() + c.bi;
+      }
+    }
+    for (const std::size_t b : batch_grid_) {
+      if (feasible(b)) job_.any_feasible = true;
+    }
+    job_.best.batch = cap_;
+    job_.best.rate_rps = rate;
+    job_.best_index = std::numeric_limits<std::size_t>::max();
+    job_.size_free.fill(std::numeric_limits<std::size_t>::max());
+    std::fill(job_window_free_.begin(), job_window_free_.end(), std::numeric_limits<std::size_t>::max());
+  }
+
+  bool feasible(std::size_t b) const noexcept {
+    return job_.rate * job_table_[b] < static_cast<double>(job_.lanes) * static_cast<double>(b);
+  }
+
+  // The n-th candidate to try: the plan in force first, then the grid in order.
+  std::size_t job_candidate(std::size_t n) const noexcept {
+    if (n == 0) return job_.order_first;
+    return n <= job_.order_first ? n - 1 : n;
+  }
+
+  // Runs the planning job for at most about `budget` simulated requests (plus one batch),
+  // picking up where the last call left off; adopts and caches the plan when it ends.
+  void advance_job(std::size_t& budget) noexcept {
+    const std::size_t total = window_grid.size() * batch_grid_.size();
+    const std::size_t n = unit_arrivals_.size();
+    const std::size_t measured = n - n / 10;
+    const double p95_target = std::chrono::duration<double>(slo_p95_).count();
+    const double p99_target = std::chrono::duration<double>(slo_p99_).count();
+    const auto k95 = static_cast<std::size_t>(0.95 * static_cast<double>(measured - 1));
+    const auto k99 = static_cast<std::size_t>(0.99 * static_cast<double>(measured - 1));
+    while (job_.active && budget > 0) {
+      if (!job_.running) {
+        if (job_.next == total) {
+          finish_job();
+          return;
+        }
+        const std::size_t c = job_candidate(job_.next++);
+        const std::size_t wi = c / batch_grid_.size(), bi = c % batch_grid_.size();
+        const std::size_t b = batch_grid_[bi];
+        if (job_.any_feasible && !feasible(b)) continue;
+        // A candidate that would play out exactly as one already run (a longer window where
+        // the window never closed a batch, a larger size where the size never did) can
+        // only tie with it, and a tie goes to the one run: skip it.
+        if (wi > job_window_free_[bi] || bi > job_.size_free[wi]) continue;
+        job_.window_mattered = false;
+        job_.size_mattered = false;
+        job_.running = true;
+        job_.index = c;
+        job_.b = b;
+        job_.w = window_grid[c / batch_grid_.size()] * job_table_[1];
+        job_.h = 0;
+        job_.over95 = 0;
+        job_.over99 = 0;
+        std::fill(job_lane_free_.begin(), job_lane_free_.begin() + static_cast<std::ptrdiff_t>(job_.lanes), 0.0);
+        --budget;
+        continue;
+      }
+      // Beyond these the candidate cannot beat the best so far.
+      const double cut95 = job_.best_score * p95_target;
+      const double cut99 = p99_target > 0.0 ? job_.best_score * p99_target : std::numeric_limits<double>::infinity();
+      const double scale = 1.0 / job_.rate;
+      bool abandoned = false;
+      while (job_.h < n && budget > 0) {
+        const std::size_t h = job_.h;
+        std::size_t lane = 0;
+        for (std::size_t i = 1; i < job_.lanes; ++i)
+          if (job_lane_free_[i] < job_lane_free_[lane]) lane = i;
+        const double first = unit_arrivals_[h] * scale;
+        double close = first + job_.w;
+        if (h + job_.b - 1 < n) close = std::min(close, unit_arrivals_[h + job_.b - 1] * scale);
+        const double t = std::max(job_lane_free_[lane], close);
+        std::size_t e = h + 1;
+        while (e < n && e - h < job_.b && unit_arrivals_[e] * scale <= t) ++e;
+        // Whether a longer window, or a larger size, could have played this batch out
+        // otherwise (see the skip rule above).
+        const double last = h + job_.b - 1 < n ? unit_arrivals_[h + job_.b - 1] * scale
+                                                : std::numeric_limits<double>::infinity();
+        if (last > first + job_.w && job_lane_free_[lane] < last) job_.window_mattered = true;
+        if (e - h == job_.b || last <= first + job_.w) job_.size_mattered = true;
+        const double done = t + job_table_[e - h];
+        job_lane_free_[lane] = done;
+        for (std::size_t i = h; i < e; ++i) {
+          const double l = done - unit_arrivals_[i] * scale;
+          job_latencies_[i] = l;
+          if (i >= n / 10) {
+            if (l > cut95) ++job_.over95;
+            if (l > cut99) ++job_.over99;
+          }
+        }
+        budget -= std::min(budget, e - h);
+        job_.h = e;
+        if (job_.over95 > measured - 1 - k95 || job_.over99 > measured - 1 - k99) {
+          abandoned = true;
+          break;
+        }
+      }
+      if (abandoned) {
+        job_.running = false;
+        note_free();
+        continue;
+      }
+      if (job_.h < n) return;  // the budget ran out mid-candidate
+      // The candidate ran to the end: its percentiles (a selection over the measured
+      // requests, counted against the budget like the requests themselves).
+      if (budget < measured / 2 && budget < plan_slice) {
+        budget = 0;
+        return;
+      }
+      budget -= std::min(budget, measured / 2);
+      job_.running = false;
+      note_free();
+      const auto from = job_latencies_.begin() + static_cast<std::ptrdiff_t>(n / 10);
+      auto at = [&](std::size_t k) {
+        std::nth_element(from, from + static_cast<std::ptrdiff_t>(k), job_latencies_.end());
+        return *(from + static_cast<std::ptrdiff_t>(k));
+      };
+      const double p99 = at(k99);
+      const double p95 = at(k95);
+      double score = p95 / p95_target;
+      if (p99_target > 0.0) score = std::max(score, p99 / p99_target);
+      const bool better = score < job_.best_score * (1.0 - 1e-9) ||
+                          (score <= job_.best_score * (1.0 + 1e-9) && job_.index < job_.best_index);
+      if (better) {
+        job_.best_score = score;
+        job_.best_index = job_.index;
+        job_.best.batch = job_.b;
+        job_.best.window = to_duration(job_.w);
+        job_.best.predicted_p95_s = p95;
+        job_.best.predicted_p99_s = p99;
+      }
+    }
+  }
+
+  // After a candidate ends (run out or abandoned): what it showed about the ones like it.
+  void note_free() noexcept {
+    const std::size_t wi = job_.index / batch_grid_.size(), bi = job_.index % batch_grid_.size();
+    if (!job_.window_mattered) job_window_free_[bi] = std::min(job_window_free_[bi], wi);
+    if (!job_.size_mattered) job_.size_free[wi] = std::min(job_.size_free[wi], bi);
+  }
+
+  void finish_job() noexcept {
+    job_.active = false;
+    // Nothing finished (every candidate abandoned cannot happen: the first one has no
+    // bound to be abandoned against); keep the cap with no window then all the same.
+    const std::size_t wi = job_.best_index == std::numeric_limits<std::size_t>::max() ? 0 : job_.best_index / batch_grid_.size();
+    const std::size_t bi = job_.best_index == std::numeric_limits<std::size_t>::max() ? batch_grid_.size() - 1
+                                                                                       : job_.best_index % batch_grid_.size();
+    Cached& slot = cache_[next_slot_];
+    next_slot_ = (next_slot_ + 1) % cache_.size();
+    slot = Cached{job_.bucket, job_.epoch, job_.lanes, job_.best, wi, bi, true};
+    if (m_.plans != nullptr) m_.plans->inc();
+    ++plans_;
+    // Adopted even when the rate, the lanes or the model moved on meanwhile: it is the
+    // newest plan there is; the next call starts the one they call for.
+    adopt(job_.best, job_.bucket, job_.epoch, job_.lanes, wi, bi);
+  }
+
+  // A FixedWindow(b, w) on lanes_ lanes fed plan_requests Poisson arrivals at `rate`,
+  // served in the learned times: the p95 and p99 of time in queue plus service (the
+  // first tenth of the requests excluded). O(plan_requests); never allocates.
+  void simulate_fixed(double rate, std::size_t b, double w, double& p95, double& p99) noexcept {
+    const std::size_t n = unit_arrivals_.size();
+    const double scale = 1.0 / rate;
+    std::fill(lane_free_.begin(), lane_free_.begin() + static_cast<std::ptrdiff_t>(lanes_), 0.0);
+    std::size_t h = 0;
+    while (h < n) {
+      std::size_t lane = 0;
+      for (std::size_t i = 1; i < lanes_; ++i)
+        if (lane_free_[i] < lane_free_[lane]) lane = i;
+      const double first = unit_arrivals_[h] * scale;
+      double close = first + w;
+      if (h + b - 1 < n) close = std::min(close, unit_arrivals_[h + b - 1] * scale);
+      const double t = std::max(lane_free_[lane], close);
+      std::size_t e = h + 1;
+      while (e < n && e - h < b && unit_arrivals_[e] * scale <= t) ++e;
+      const double done = t + table_[e - h];
+      lane_free_[lane] = done;
+      for (std::size_t i = h; i < e; ++i) latencies_[i] = done - unit_arrivals_[i] * scale;
+      h = e;
+    }
+    const auto from = latencies_.begin() + static_cast<std::ptrdiff_t>(n / 10);
+    const auto count = static_cast<std::ptrdiff_t>(n - n / 10);
+    auto at = [&](double q) {
+      const auto k = static_cast<std::ptrdiff_t>(q * static_cast<double>(count - 1));
+      std::nth_element(from, from + k, latencies_.end());
+      return *(from + k);
+    };
+    p99 = at(0.99);
+    p95 = at(0.95);
+  }
+
+  void register_metrics(MetricsRegistry& r, const Labels& base) {
+    m_.intercept = &r.gauge("tailbatch_adaptive_cost_intercept_seconds",
+                            "Learned batch cost model L(b) = intercept + slope x b: the intercept", base);
+    m_.slope = &r.gauge("tailbatch_adaptive_cost_slope_seconds",
+                        "Learned batch cost model L(b) = intercept + slope x b: the slope per request", base);
+    m_.rate = &r.gauge("tailbatch_adaptive_arrival_rate", "Estimated arrival rate, requests per second", base);
+    m_.target = &r.gauge("tailbatch_adaptive_target_batch", "The batch size the adaptive window aims for", base);
+    m_.window = &r.gauge("tailbatch_adaptive_window_seconds",
+                         "How long the adaptive window holds the oldest request for its target", base);
+    m_.predicted = &r.gauge("tailbatch_adaptive_predicted_p95_seconds",
+                            "p95 in queue and on the lane that the plan in force predicts", base);
+    m_.feedback = &r.counter("tailbatch_adaptive_feedback_total", "Executed batches the adaptive window learned from",
+                             base);
+    m_.plans = &r.counter("tailbatch_adaptive_plans_total", "Plans the adaptive window computed (cache misses)", base);
+    for (std::size_t i = 0; i < adaptive_close_reason_count; ++i) {
+      m_.closes[i] = &r.counter("tailbatch_adaptive_closes_total", "Batches the adaptive window closed, by reason",
+                                join_labels(base, {{"reason", std::string(to_string(static_cast<AdaptiveCloseReason>(i)))}}));
+    }
+  }
+
+  mutable std::mutex mu_;
+  BatchDuration slo_p95_;
+  BatchDuration slo_p99_;
+  std::size_t cap_;
+  std::vector<SizeStat> sizes_;
+  std::vector<double> table_;
+  std::vector<std::size_t> batch_grid_;
+  std::vector<double> unit_arrivals_;
+  std::vector<double> latencies_;
+  std::vector<double> lane_free_;
+  double intercept_ = 0.0, slope_ = 0.0;
+  std::uint64_t samples_ = 0;
+  std::size_t sizes_seen_ = 0;
+  std::uint64_t epoch_ = 0;
+  double epoch_c1_ = 0.0, epoch_cn_ = 0.0;
+  ArrivalCounter arrivals_{};
+  AdaptiveCloseReason reason_ = AdaptiveCloseReason::flush;  // of plan_decide's close
+  std::size_t lanes_ = 1;
+  AdaptivePlan plan_{};
+  bool planned_ = false;
+  std::int64_t plan_bucket_ = 0;
+  std::uint64_t plan_epoch_ = 0;
+  std::size_t plan_lanes_ = 0;
+  std::size_t plan_wi_ = 0, plan_bi_ = 0;
+  PlanJob job_{};
+  std::vector<double> job_table_;
+  std::vector<double> job_latencies_;
+  std::vector<double> job_lane_free_;
+  std::vector<std::size_t> job_window_free_;
+  std::uint64_t plans_ = 0;
+  std::array<Cached, cache_size> cache_{};
+  std::size_t next_slot_ = 0;
+  Metrics m_{};
+  LaneLookahead lookahead_;
+};
+
+}  // namespace tailbatch::detail
