@@ -44,10 +44,11 @@
 //   pipeline_occupancy.hpp   the time integrals behind occupancy() and the Little's-law check.
 // This file composes them: the public API and its types, the leader's turn (ingest, purge,
 // decide, lease a lane, or sleep), execution and completion. It stays longer than the
-// core's usual 700 lines because about half of it is the public API's documentation (the
-// types and members users read), and the rest is the one place where every outcome is
-// counted, timed and released to the admission policy: splitting it further would pass
-// the Pipeline's state around rather than hide it.
+// core's usual 700 lines: its first 500 lines are the public API with its documentation
+// (this overview, the configuration, stats and occupancy types, and the members users
+// call), and the other 800 are the one place where every outcome is counted, timed and
+// released to the admission policy: splitting those further would pass the Pipeline's
+// state around rather than hide it.
 #pragma once
 
 #include <algorithm>
