@@ -9,7 +9,9 @@
 #      of --runs runs, interleaved so both see the same machine load. CPU time (user + sys)
 #      makes the ratio; wall time and peak memory are printed beside it;
 #   3. for scale, in the same runs: a minimal hand-written batcher (not tailbatch) using the
-#      same standard facilities (threads, condition variable, promise/future, std::function).
+#      same standard facilities (threads, condition variable, promise/future, std::function);
+#   4. what a precompiled header buys: the umbrella precompiled once (its own time printed),
+#      then the same Pipeline file compiled against it, in the same runs.
 #
 # Usage: benchmarks/compile_cost.sh [--cxx g++] [--runs 3] [--flags "-O2"]
 # Not a test: it prints figures and whether the goals are met, and exits 0 unless a
@@ -25,7 +27,7 @@ while [[ $# -gt 0 ]]; do
     --cxx) cxx="$2"; shift 2 ;;
     --runs) runs="$2"; shift 2 ;;
     --flags) flags="$2"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "compile_cost.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -215,10 +217,12 @@ read -r -a extra_flags <<< "$flags"
 
 lines() { "$cxx" "${std_flags[@]}" -E "$1" | wc -l; }
 
-# One compilation: prints "wall_s cpu_s peak_kib".
+# One compilation of file $1 (further arguments are extra flags): prints "wall_s cpu_s peak_kib".
 compile_once() {
+  local src="$1"
+  shift
   /usr/bin/time -f '%e %U %S %M' -o "$work/time.txt" \
-    "$cxx" "${std_flags[@]}" "${extra_flags[@]}" -c "$1" -o "$work/out.o"
+    "$cxx" "${std_flags[@]}" "${extra_flags[@]}" "$@" -c "$src" -o "$work/out.o"
   awk '{ printf "%.3f %.3f %d\n", $1, $2 + $3, $4 }' "$work/time.txt"
 }
 
@@ -230,15 +234,36 @@ std_lines=$(lines "$work/std_headers.cpp")
 : > "$work/std.runs"
 : > "$work/pipe.runs"
 : > "$work/mini.runs"
+: > "$work/pch.runs"
+
+# The umbrella as a precompiled header, built with the same flags as the files that use it
+# (both compilers refuse a header precompiled with other flags; -Winvalid-pch -Werror turns
+# a refusal into a failed run instead of a silent full parse).
+mkdir -p "$work/pch"
+echo '#include <tailbatch/tailbatch.hpp>' > "$work/pch/umbrella_pch.hpp"
+if "$cxx" --version | grep -qi clang; then
+  pch_file="$work/pch/umbrella_pch.hpp.pch"
+  pch_use=(-include-pch "$pch_file")
+else
+  pch_file="$work/pch/umbrella_pch.hpp.gch"
+  pch_use=(-include "$work/pch/umbrella_pch.hpp" -Winvalid-pch -Werror=invalid-pch)
+fi
+/usr/bin/time -f '%e %U %S %M' -o "$work/time.txt" \
+  "$cxx" "${std_flags[@]}" "${extra_flags[@]}" -x c++-header "$work/pch/umbrella_pch.hpp" -o "$pch_file"
+pch_build=$(awk '{ printf "%.3f %.3f %d\n", $1, $2 + $3, $4 }' "$work/time.txt")
+
 for ((i = 1; i <= runs; ++i)); do
   compile_once "$work/std_headers.cpp" >> "$work/std.runs"
   compile_once "$work/pipeline.cpp" >> "$work/pipe.runs"
   compile_once "$work/minimal_batcher.cpp" >> "$work/mini.runs"
+  compile_once "$work/pipeline.cpp" "${pch_use[@]}" >> "$work/pch.runs"
 done
 col() { awk -v c="$2" '{ print $c }' "$1" | median; }
 std_wall=$(col "$work/std.runs" 1); std_cpu=$(col "$work/std.runs" 2); std_mem=$(col "$work/std.runs" 3)
 pipe_wall=$(col "$work/pipe.runs" 1); pipe_cpu=$(col "$work/pipe.runs" 2); pipe_mem=$(col "$work/pipe.runs" 3)
 mini_wall=$(col "$work/mini.runs" 1); mini_cpu=$(col "$work/mini.runs" 2); mini_mem=$(col "$work/mini.runs" 3)
+pch_wall=$(col "$work/pch.runs" 1); pch_cpu=$(col "$work/pch.runs" 2); pch_mem=$(col "$work/pch.runs" 3)
+read -r pchb_wall pchb_cpu pchb_mem <<< "$pch_build"
 
 verdict() { if awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= b) }'; then echo met; else echo "NOT met"; fi; }
 ratio=$(awk -v a="$pipe_cpu" -v b="$std_cpu" 'BEGIN { printf "%.2f", a / b }')
@@ -249,12 +274,18 @@ printf 'umbrella <tailbatch/tailbatch.hpp>:        %7d preprocessed lines (goal 
   "$umbrella_lines" "$(verdict "$umbrella_lines" 120000)"
 printf 'standard headers the core needs (%2d):     %7d preprocessed lines\n' \
   "$(wc -l < "$work/std_headers.txt")" "$std_lines"
-printf '%-40s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "compile: standard headers only" \
+printf '%-44s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "compile: standard headers only" \
   "$std_wall" "$std_cpu" "$((std_mem / 1024))"
-printf '%-40s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "compile: one Pipeline instantiated" \
+printf '%-44s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "compile: one Pipeline instantiated" \
   "$pipe_wall" "$pipe_cpu" "$((pipe_mem / 1024))"
 echo "ratio (Pipeline / standard headers, cpu time): ${ratio}x (goal <= 3x: $(verdict "$ratio" 3))"
 mini_ratio=$(awk -v a="$mini_cpu" -v b="$std_cpu" 'BEGIN { printf "%.2f", a / b }')
-printf '%-40s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "compile: a minimal hand-written batcher" \
+printf '%-44s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "compile: a minimal hand-written batcher" \
   "$mini_wall" "$mini_cpu" "$((mini_mem / 1024))"
 echo "ratio (minimal batcher / standard headers, cpu time): ${mini_ratio}x (not tailbatch: the standard library's share of any batcher)"
+printf '%-44s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "precompile the umbrella (once per build)" \
+  "$pchb_wall" "$pchb_cpu" "$((pchb_mem / 1024))"
+printf '%-44s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "compile: one Pipeline, umbrella precompiled" \
+  "$pch_wall" "$pch_cpu" "$((pch_mem / 1024))"
+pch_ratio=$(awk -v a="$pch_cpu" -v b="$std_cpu" 'BEGIN { printf "%.2f", a / b }')
+echo "ratio (Pipeline with the precompiled umbrella / standard headers, cpu time): ${pch_ratio}x (for scale: the goal's file is the one without)"
