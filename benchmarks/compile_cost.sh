@@ -217,12 +217,13 @@ read -r -a extra_flags <<< "$flags"
 
 lines() { "$cxx" "${std_flags[@]}" -E "$1" | wc -l; }
 
-# One compilation of file $1 (further arguments are extra flags): prints "wall_s cpu_s peak_kib".
+# One compilation of file $2 into object $1 (further arguments are extra flags):
+# prints "wall_s cpu_s peak_kib".
 compile_once() {
-  local src="$1"
-  shift
+  local obj="$1" src="$2"
+  shift 2
   /usr/bin/time -f '%e %U %S %M' -o "$work/time.txt" \
-    "$cxx" "${std_flags[@]}" "${extra_flags[@]}" "$@" -c "$src" -o "$work/out.o"
+    "$cxx" "${std_flags[@]}" "${extra_flags[@]}" "$@" -c "$src" -o "$obj"
   awk '{ printf "%.3f %.3f %d\n", $1, $2 + $3, $4 }' "$work/time.txt"
 }
 
@@ -253,10 +254,10 @@ fi
 pch_build=$(awk '{ printf "%.3f %.3f %d\n", $1, $2 + $3, $4 }' "$work/time.txt")
 
 for ((i = 1; i <= runs; ++i)); do
-  compile_once "$work/std_headers.cpp" >> "$work/std.runs"
-  compile_once "$work/pipeline.cpp" >> "$work/pipe.runs"
-  compile_once "$work/minimal_batcher.cpp" >> "$work/mini.runs"
-  compile_once "$work/pipeline.cpp" "${pch_use[@]}" >> "$work/pch.runs"
+  compile_once "$work/std.o" "$work/std_headers.cpp" >> "$work/std.runs"
+  compile_once "$work/pipe.o" "$work/pipeline.cpp" >> "$work/pipe.runs"
+  compile_once "$work/mini.o" "$work/minimal_batcher.cpp" >> "$work/mini.runs"
+  compile_once "$work/pipe_pch.o" "$work/pipeline.cpp" "${pch_use[@]}" >> "$work/pch.runs"
 done
 col() { awk -v c="$2" '{ print $c }' "$1" | median; }
 std_wall=$(col "$work/std.runs" 1); std_cpu=$(col "$work/std.runs" 2); std_mem=$(col "$work/std.runs" 3)
@@ -283,6 +284,10 @@ mini_ratio=$(awk -v a="$mini_cpu" -v b="$std_cpu" 'BEGIN { printf "%.2f", a / b 
 printf '%-44s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "compile: a minimal hand-written batcher" \
   "$mini_wall" "$mini_cpu" "$((mini_mem / 1024))"
 echo "ratio (minimal batcher / standard headers, cpu time): ${mini_ratio}x (not tailbatch: the standard library's share of any batcher)"
+# How much code each file generates (functions defined in the object, and their bytes):
+# what the optimiser and code generator spend their time on.
+code() { nm -S -t d --defined-only "$1" | awk '$3 ~ /^[tTwW]$/ { n++; b += $2 } END { printf "%d functions, %d bytes", n, b }'; }
+echo "code generated: Pipeline file $(code "$work/pipe.o"); minimal batcher $(code "$work/mini.o")"
 printf '%-44s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "precompile the umbrella (once per build)" \
   "$pchb_wall" "$pchb_cpu" "$((pchb_mem / 1024))"
 printf '%-44s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "compile: one Pipeline, umbrella precompiled" \
