@@ -284,9 +284,15 @@ mini_ratio=$(awk -v a="$mini_cpu" -v b="$std_cpu" 'BEGIN { printf "%.2f", a / b 
 printf '%-44s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "compile: a minimal hand-written batcher" \
   "$mini_wall" "$mini_cpu" "$((mini_mem / 1024))"
 echo "ratio (minimal batcher / standard headers, cpu time): ${mini_ratio}x (not tailbatch: the standard library's share of any batcher)"
-# How much code each file generates (functions defined in the object, and their bytes):
-# what the optimiser and code generator spend their time on.
-code() { nm -S -t d --defined-only "$1" | awk '$3 ~ /^[tTwW]$/ { n++; b += $2 } END { printf "%d functions, %d bytes", n, b }'; }
+# How much code each file generates: the functions defined in the object and their bytes,
+# each counted once (a constructor's or destructor's complete and base-object symbols are
+# often one body under two names: same section, same address). What the optimiser and code
+# generator spend their time on.
+code() {
+  readelf -sW "$1" | awk '$4 == "FUNC" && $7 ~ /^[0-9]+$/ {
+      k = $7 ":" $2; if (!(k in seen)) { seen[k] = 1; n++; b += $3 } }
+    END { printf "%d functions, %d bytes", n, b }'
+}
 echo "code generated: Pipeline file $(code "$work/pipe.o"); minimal batcher $(code "$work/mini.o")"
 printf '%-44s wall %6.2f s  cpu %6.2f s  peak %5d MB\n' "precompile the umbrella (once per build)" \
   "$pchb_wall" "$pchb_cpu" "$((pchb_mem / 1024))"
