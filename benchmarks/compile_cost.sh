@@ -32,6 +32,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ -x /usr/bin/time ]] || { echo "compile_cost.sh: needs /usr/bin/time (Debian: time)" >&2; exit 2; }
+command -v readelf > /dev/null || { echo "compile_cost.sh: needs readelf (Debian: binutils)" >&2; exit 2; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -238,8 +239,8 @@ std_lines=$(lines "$work/std_headers.cpp")
 : > "$work/pch.runs"
 
 # The umbrella as a precompiled header, built with the same flags as the files that use it
-# (both compilers refuse a header precompiled with other flags; -Winvalid-pch -Werror turns
-# a refusal into a failed run instead of a silent full parse).
+# (both compilers refuse a header precompiled with other flags: clang's -include-pch fails
+# by itself, g++ with -Werror=invalid-pch, instead of a silent full parse).
 mkdir -p "$work/pch"
 echo '#include <tailbatch/tailbatch.hpp>' > "$work/pch/umbrella_pch.hpp"
 if "$cxx" --version | grep -qi clang; then

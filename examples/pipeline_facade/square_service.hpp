@@ -3,8 +3,9 @@
 // that one file pays the cost of compiling a Pipeline (docs/pipeline.md, "Build time") and
 // a handler file compiles as fast as any file with <future> and <string>.
 //
-// Thread safety: submit() may be called from any number of threads; shutdown() and the
-// destructor from one thread, after the last submit().
+// Thread safety: submit() and shutdown() may be called from any number of threads at once
+// (the Pipeline's guarantees); a submit() after shutdown() gets a reply that is not ok and
+// says why. The destructor must not run concurrently with either.
 #pragma once
 
 #include <chrono>
