@@ -1,7 +1,7 @@
-// Batch formation alone (detail/batch_former.hpp), on a ManualClock's readings: staging,
+// Batch formation alone (detail/pipeline/batch_former.hpp), on a ManualClock's readings: staging,
 // the purge of expired and cancelled requests, the policy's decision, the forming of a
 // batch, and priority and starvation order, with no Pipeline, shard or thread involved.
-#include <tailbatch/detail/batch_former.hpp>
+#include <tailbatch/detail/pipeline/batch_former.hpp>
 
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/clock.hpp>

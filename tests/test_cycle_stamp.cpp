@@ -1,7 +1,7 @@
 // Arrival stamps from the cycle counter: the calibration on made-up readings (exact), and
 // the machine's own counter against its steady clock (skipped, with the reason, where the
 // counter is not constant-rate).
-#include <tailbatch/detail/cycle_stamp.hpp>
+#include <tailbatch/detail/pipeline/cycle_stamp.hpp>
 
 #include <tailbatch/clock.hpp>
 

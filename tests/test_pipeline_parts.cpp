@@ -1,11 +1,11 @@
 // The Pipeline's parts alone, without a Pipeline: the formed batch and its start-time drop
-// (detail/pipeline_batch.hpp), the leader's sleep and wake-up (detail/leader_signal.hpp),
-// the counters, drain rate and metrics registration (detail/pipeline_metrics.hpp), and the
-// queued entry (detail/pipeline_entry.hpp).
-#include <tailbatch/detail/leader_signal.hpp>
-#include <tailbatch/detail/pipeline_batch.hpp>
-#include <tailbatch/detail/pipeline_entry.hpp>
-#include <tailbatch/detail/pipeline_metrics.hpp>
+// (detail/pipeline/batch.hpp), the leader's sleep and wake-up (detail/pipeline/leader_signal.hpp),
+// the counters, drain rate and metrics registration (detail/pipeline/metrics.hpp), and the
+// queued entry (detail/pipeline/entry.hpp).
+#include <tailbatch/detail/pipeline/leader_signal.hpp>
+#include <tailbatch/detail/pipeline/batch.hpp>
+#include <tailbatch/detail/pipeline/entry.hpp>
+#include <tailbatch/detail/pipeline/metrics.hpp>
 
 #include <tailbatch/admission.hpp>
 #include <tailbatch/metrics.hpp>

@@ -1,7 +1,7 @@
-// Ingress alone (detail/submit_shards.hpp): queue places never exceeded and given back,
+// Ingress alone (detail/pipeline/submit_shards.hpp): queue places never exceeded and given back,
 // closing refuses under the lock, a thread keeps to one shard and its requests stay in
 // order, and the leader takes every request exactly once while submitters push.
-#include <tailbatch/detail/submit_shards.hpp>
+#include <tailbatch/detail/pipeline/submit_shards.hpp>
 
 #include <tailbatch/clock.hpp>
 

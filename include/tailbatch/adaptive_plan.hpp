@@ -1,7 +1,7 @@
 // The AdaptiveWindow's configuration and what it reports: AdaptiveWindowConfig,
 // AdaptiveCloseReason (the label of tailbatch_adaptive_closes_total), AdaptiveCostModel and
 // AdaptivePlan. <tailbatch/adaptive_window.hpp> includes this header; include that one. The
-// types are apart so that the policy's learned state (detail/adaptive_state.hpp) can use
+// types are apart so that the policy's learned state (detail/adaptive/state.hpp) can use
 // them. Plain values: no member allocates or throws, except copying a config's labels.
 #pragma once
 

@@ -90,9 +90,9 @@
 //   tailbatch_adaptive_feedback_total          executed batches it learned from
 //
 // Where the parts are: adaptive_plan.hpp (the configuration, close reasons, cost model and
-// plan types); detail/adaptive_state.hpp (the learned state: cost table, planner, the
-// plan's rule, metrics); detail/arrival_counter.hpp (the arrival rate);
-// detail/lane_lookahead.hpp (the lookahead). This file is the policy users hold.
+// plan types); detail/adaptive/state.hpp (the learned state: cost table, planner, the
+// plan's rule, metrics); detail/adaptive/arrival_counter.hpp (the arrival rate);
+// detail/adaptive/lane_lookahead.hpp (the lookahead). This file is the policy users hold.
 #pragma once
 
 #include <cstddef>
@@ -100,7 +100,7 @@
 
 #include <tailbatch/adaptive_plan.hpp>
 #include <tailbatch/batch_window.hpp>
-#include <tailbatch/detail/adaptive_state.hpp>
+#include <tailbatch/detail/adaptive/state.hpp>
 #include <tailbatch/detail/throw.hpp>
 
 namespace tailbatch {

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include <tailbatch/detail/throw.hpp>
+#include <tailbatch/detail/time.hpp>
 #include <tailbatch/submit_options.hpp>
 
 namespace tailbatch {
@@ -221,20 +222,6 @@ inline BatchTime window_start(std::span<const BatchCandidate> c) noexcept {
   return start;
 }
 
-// t + d without overflowing past BatchTime::max().
-inline BatchTime saturating_add(BatchTime t, BatchDuration d) noexcept {
-  if (d <= BatchDuration::zero()) return t;
-  if (t > BatchTime::max() - d) return BatchTime::max();
-  return t + d;
-}
-
-// t - d without overflowing below BatchTime::min().
-inline BatchTime saturating_sub(BatchTime t, BatchDuration d) noexcept {
-  if (d <= BatchDuration::zero()) return t;
-  if (t < BatchTime::min() + d) return BatchTime::min();
-  return t - d;
-}
-
 inline void require_non_negative(BatchDuration d, const char* what) {
   if (d < BatchDuration::zero()) throw_invalid_argument(what);
 }
@@ -245,12 +232,6 @@ inline void require_max_batch(std::size_t max_batch, std::string_view who) {
   if (max_batch > max_batch_limit) {
     throw_invalid_argument((std::string(who) + ": max_batch must be <= " + std::to_string(max_batch_limit)).c_str());
   }
-}
-
-// a * b, or SIZE_MAX when the product does not fit.
-[[nodiscard]] constexpr std::size_t saturating_mul(std::size_t a, std::size_t b) noexcept {
-  if (a != 0 && b > std::numeric_limits<std::size_t>::max() / a) return std::numeric_limits<std::size_t>::max();
-  return a * b;
 }
 
 }  // namespace detail

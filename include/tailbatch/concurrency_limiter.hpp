@@ -35,8 +35,9 @@
 #include <string_view>
 #include <tailbatch/admission.hpp>
 #include <tailbatch/clock.hpp>
-#include <tailbatch/detail/limiter_window.hpp>
+#include <tailbatch/detail/limiter/window.hpp>
 #include <tailbatch/detail/throw.hpp>
+#include <tailbatch/detail/time.hpp>
 #include <tailbatch/limit_algorithms.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/outcome.hpp>
@@ -301,7 +302,7 @@ class ConcurrencyLimiter {
   // to the timeout; never allocates. Thread-safe.
   template <class Rep, class Period>
   [[nodiscard]] Acquisition acquire_for(std::chrono::duration<Rep, Period> timeout) noexcept {
-    return acquire_until(saturating_deadline(clock_.now(), timeout));
+    return acquire_until(detail::saturating_add(clock_.now(), timeout));
   }
 
   // acquire_for() with an absolute deadline on the limiter's clock. Thread-safe.
@@ -493,17 +494,7 @@ class ConcurrencyLimiter {
   static std::uint32_t clamp_limit(std::uint32_t limit) noexcept {
     return std::min(limit, kMaxConcurrencyLimit);
   }
-  template <class Rep, class Period>
-  static time_point saturating_deadline(time_point now,
-                                        std::chrono::duration<Rep, Period> timeout) noexcept {
-    using D = typename time_point::duration;
-    if (timeout <= std::chrono::duration<Rep, Period>::zero()) return now;
-    const auto room = time_point::max() - now;
-    if (std::chrono::duration_cast<std::chrono::duration<double>>(timeout) >=
-        std::chrono::duration_cast<std::chrono::duration<double>>(room))
-      return time_point::max();
-    return now + std::chrono::ceil<D>(timeout);
-  }
+
 
   // Takes one slot if in-flight < limit (and, unless for_waiter, nobody waits), atomically
   // against limit changes. On success `out` is the word after the increment.
@@ -677,7 +668,7 @@ class ConcurrencyLimiter {
     l.fresh_after.store(l.spec.fresh_only ? now.time_since_epoch().count()
                                           : std::numeric_limits<std::int64_t>::min(),
                         std::memory_order_relaxed);
-    l.due.store(saturating_deadline(now, l.spec.min_duration).time_since_epoch().count(),
+    l.due.store(detail::saturating_add(now, l.spec.min_duration).time_since_epoch().count(),
                 std::memory_order_relaxed);
   }
 

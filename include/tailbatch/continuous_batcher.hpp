@@ -57,7 +57,7 @@
 // ContinuousBatcher class: the step loop that admits, steps, streams and retires
 // sequences, with the state every step reads (the waiting and active sets, the load
 // integrals, the drain), its stats and its shutdown (about 200 of the file's lines are
-// documentation); the waiting set's ordering stands alone (detail/cbatch_waiting.hpp).
+// documentation); the waiting set's ordering stands alone (detail/continuous/waiting.hpp).
 #pragma once
 
 #include <algorithm>
@@ -81,9 +81,10 @@
 #include <vector>
 
 #include <tailbatch/clock.hpp>
-#include <tailbatch/detail/cbatch_waiting.hpp>
+#include <tailbatch/detail/continuous/waiting.hpp>
 #include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/throw.hpp>
+#include <tailbatch/detail/time.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/outcome.hpp>
@@ -110,7 +111,7 @@ struct ContinuousBatcherConfig {
   std::size_t max_step_tokens = 0;
   // Most prompt tokens of one sequence in one step; 0: the whole rest of the prompt.
   std::size_t prefill_chunk = 0;
-  // What one priority level is worth in waiting time (see detail/cbatch_waiting.hpp): a
+  // What one priority level is worth in waiting time (see detail/continuous/waiting.hpp): a
   // Priority::high sequence is served as if it had arrived priority_step earlier, a
   // Priority::low one as if priority_step later, than a Priority::normal one. Must be >= 0.
   std::chrono::nanoseconds priority_step{std::chrono::milliseconds(100)};
@@ -338,7 +339,7 @@ class ContinuousBatcher {
   explicit ContinuousBatcher(StepFn step, ContinuousBatcherConfig config = {}, C clock = C{})
       : config_(validated(std::move(config))), step_(std::move(step)), clock_(std::move(clock)) {
     if (!step_) detail::throw_invalid_argument("ContinuousBatcher: step must be callable");
-    load_.last_ns = ns_since_epoch(clock_.now());
+    load_.last_ns = detail::ns_since_epoch(clock_.now());
     active_.reserve(config_.max_active);
     if (config_.metrics) register_metrics(*config_.metrics);
     if (config_.workers.value_or(std::is_same_v<C, SteadyClock> ? 1 : 0) == 1) {
@@ -396,7 +397,7 @@ class ContinuousBatcher {
       std::lock_guard lock(mutex_);
       if (!stopping_) {
         stopping_ = true;
-        drain_deadline_ = saturating_add(clock_.now(), config_.drain_timeout);
+        drain_deadline_ = detail::saturating_add(clock_.now(), config_.drain_timeout);
       }
     }
     cv_.notify_all();
@@ -433,7 +434,7 @@ class ContinuousBatcher {
       s.rejected_by_reason[i] = rejected_by_reason_[i].load(std::memory_order_relaxed);
     }
     std::lock_guard lock(mutex_);
-    const std::int64_t now = ns_since_epoch(clock_.now());
+    const std::int64_t now = detail::ns_since_epoch(clock_.now());
     s.observed_at = std::chrono::nanoseconds(std::max(now, load_.last_ns));
     s.in_flight_seconds = load_.area_at(now);
     s.departed = load_.departed;
@@ -463,16 +464,6 @@ class ContinuousBatcher {
     // Surfaces bad default stream options now rather than at the first submit.
     c.stream.validate("ContinuousBatcher: stream.");
     return c;
-  }
-
-  static time_point saturating_add(time_point t, std::chrono::nanoseconds d) noexcept {
-    const auto dd = std::chrono::duration_cast<duration>(d);
-    if (t > time_point::max() - dd) return time_point::max();
-    return t + dd;
-  }
-
-  static std::int64_t ns_since_epoch(time_point t) noexcept {
-    return static_cast<std::int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
   }
 
   // The time integral of the sequences in flight and the departures, for Little's law.
@@ -525,7 +516,7 @@ class ContinuousBatcher {
     }
     time_point deadline = options.deadline;
     if (options.timeout > std::chrono::nanoseconds::zero()) {
-      deadline = std::min(deadline, saturating_add(arrival, options.timeout));
+      deadline = std::min(deadline, detail::saturating_add(arrival, options.timeout));
     }
     if (request.max_new_tokens == 0) {
       complete(*stream, Status::ok, {});
@@ -576,7 +567,7 @@ class ContinuousBatcher {
             seq.id_};
         waiting_.emplace(key, std::move(seq));
         waiting_count_.store(waiting_.size(), std::memory_order_relaxed);
-        load_.arrive(ns_since_epoch(now));
+        load_.arrive(detail::ns_since_epoch(now));
       }
     }
     if (refused == RejectReason::shutting_down) {
@@ -817,8 +808,8 @@ class ContinuousBatcher {
   // Counts sequences leaving the batcher (load integrals). Called with mutex_ held.
   void depart_locked(const std::vector<Sequence>& gone, time_point now) noexcept {
     if (gone.empty()) return;
-    const std::int64_t t = ns_since_epoch(now);
-    for (const Sequence& s : gone) load_.depart(t, ns_since_epoch(s.queued_at_));
+    const std::int64_t t = detail::ns_since_epoch(now);
+    for (const Sequence& s : gone) load_.depart(t, detail::ns_since_epoch(s.queued_at_));
   }
 
   void finish_with(Sequence& s, Status status, std::string message, ContinuousBatcherPollResult& report) noexcept {
@@ -838,10 +829,10 @@ class ContinuousBatcher {
     for (auto& s : active_)
       if (s.retired_) released += s.reserved_;
     if (released == 0) return;
-    const std::int64_t now = ns_since_epoch(clock_.now());
+    const std::int64_t now = detail::ns_since_epoch(clock_.now());
     std::lock_guard lock(mutex_);
     for (const auto& s : active_)
-      if (s.retired_) load_.depart(now, ns_since_epoch(s.queued_at_));
+      if (s.retired_) load_.depart(now, detail::ns_since_epoch(s.queued_at_));
     std::erase_if(active_, [](const Sequence& s) { return s.retired_; });
     reserved_.fetch_sub(released, std::memory_order_relaxed);
     active_count_.store(active_.size(), std::memory_order_relaxed);

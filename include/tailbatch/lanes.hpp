@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include <tailbatch/detail/lane_slots.hpp>
+#include <tailbatch/detail/lanes/slots.hpp>
 #include <tailbatch/detail/throw.hpp>
 
 namespace tailbatch {

@@ -32,8 +32,8 @@
 #include <vector>
 
 #include <tailbatch/clock.hpp>
-#include <tailbatch/detail/histogram_layout.hpp>
-#include <tailbatch/detail/histogram_shards.hpp>
+#include <tailbatch/detail/histogram/layout.hpp>
+#include <tailbatch/detail/histogram/shards.hpp>
 #include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/throw.hpp>
 

@@ -24,7 +24,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
-#include <tailbatch/detail/limiter_window.hpp>
+#include <tailbatch/detail/limiter/window.hpp>
 #include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <type_traits>

@@ -17,7 +17,7 @@
 // and the exposition of every metric it hands out, so the metric types (Counter, Gauge,
 // WindowedHistogram, CallbackRegistration), the families they live in and MetricsRegistry
 // are one unit (about 460 lines of it the registry; about 170 documentation); the text
-// formatting stands alone (detail/metrics_text.hpp).
+// formatting stands alone (detail/metrics/text.hpp).
 #pragma once
 
 #include <algorithm>
@@ -36,7 +36,7 @@
 #include <string>
 #include <string_view>
 #include <tailbatch/clock.hpp>
-#include <tailbatch/detail/metrics_text.hpp>
+#include <tailbatch/detail/metrics/text.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <thread>

@@ -24,7 +24,7 @@
 // worker sets its own timer slack to 1 ns, so that its timed sleeps end on time. Submitters
 // append to per-thread submit shards and never wait for the leader; a request without a
 // deadline may be stamped with the cycle counter, which the leader converts to clock time
-// (detail/cycle_stamp.hpp). With no workers (workers = 0, or
+// (detail/pipeline/cycle_stamp.hpp). With no workers (workers = 0, or
 // unset with ManualClock) the Pipeline starts no thread at all: the caller steps it with
 // poll(), which forms and runs every batch due at the clock's current
 // time in the calling thread. See docs/pipeline.md.
@@ -79,19 +79,20 @@
 #include <sys/prctl.h>
 #endif
 
+#include <tailbatch/detail/time.hpp>
 #include <tailbatch/admission.hpp>
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/clock.hpp>
-#include <tailbatch/detail/cycle_stamp.hpp>
+#include <tailbatch/detail/pipeline/cycle_stamp.hpp>
 #include <tailbatch/detail/math.hpp>
-#include <tailbatch/detail/leader_signal.hpp>
-#include <tailbatch/detail/pipeline_batch.hpp>
-#include <tailbatch/detail/pipeline_completion.hpp>
-#include <tailbatch/detail/pipeline_entry.hpp>
-#include <tailbatch/detail/pipeline_metrics.hpp>
-#include <tailbatch/detail/pipeline_occupancy.hpp>
-#include <tailbatch/detail/submit_shards.hpp>
-#include <tailbatch/detail/batch_former.hpp>
+#include <tailbatch/detail/pipeline/leader_signal.hpp>
+#include <tailbatch/detail/pipeline/batch.hpp>
+#include <tailbatch/detail/pipeline/completion.hpp>
+#include <tailbatch/detail/pipeline/entry.hpp>
+#include <tailbatch/detail/pipeline/metrics.hpp>
+#include <tailbatch/detail/pipeline/occupancy.hpp>
+#include <tailbatch/detail/pipeline/submit_shards.hpp>
+#include <tailbatch/detail/pipeline/batch_former.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/lanes.hpp>
 #include <tailbatch/metrics.hpp>

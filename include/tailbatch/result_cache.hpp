@@ -24,16 +24,16 @@
 // earlier deadline goes to the Pipeline on its own (counted as a miss). The shared
 // request runs at its leader's priority.
 //
-// Eviction and admission: W-TinyLFU per shard (detail/tinylfu_store.hpp), bounded by
+// Eviction and admission: W-TinyLFU per shard (detail/cache/tinylfu_store.hpp), bounded by
 // entries and by bytes (Config::size_of says what an entry weighs), with an optional
 // time-to-live read from the clock C. Lookups are counted in a frequency sketch with a
-// doorkeeper (detail/frequency_sketch.hpp): a scan of one-hit keys does not evict a hot
+// doorkeeper (detail/cache/frequency_sketch.hpp): a scan of one-hit keys does not evict a hot
 // set.
 //
 // Hits without the lock: when Key and Value are trivially copyable and 64 bytes together
 // at most (integers, fixed-size structs, a 64- or 128-bit fingerprint of a request), each
 // shard's entries live in a sequence-locked table of atomic words
-// (detail/optimistic_index.hpp) that a hit reads without taking the shard's lock and
+// (detail/cache/optimistic_index.hpp) that a hit reads without taking the shard's lock and
 // without writing any cache line another thread uses: it probes, copies the value out,
 // and checks that no writer ran meanwhile (else it retries, and after a few tries takes
 // the lock). Its count goes to the calling thread's stripe, and its sighting for the
@@ -48,8 +48,8 @@
 // ResultCache class, the one place where a lookup, a coalesced wait, admission and eviction
 // meet under a shard's lock (about 200 of the file's lines are documentation); what can
 // stand alone already does: the storage and its W-TinyLFU segments
-// (detail/tinylfu_store.hpp), the lock-free index (detail/optimistic_index.hpp) and the
-// frequency sketch (detail/frequency_sketch.hpp).
+// (detail/cache/tinylfu_store.hpp), the lock-free index (detail/cache/optimistic_index.hpp) and the
+// frequency sketch (detail/cache/frequency_sketch.hpp).
 #pragma once
 
 #include <algorithm>
@@ -74,12 +74,13 @@
 #include <utility>
 #include <vector>
 
+#include <tailbatch/detail/time.hpp>
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/clock.hpp>
-#include <tailbatch/detail/frequency_sketch.hpp>
-#include <tailbatch/detail/optimistic_index.hpp>
+#include <tailbatch/detail/cache/frequency_sketch.hpp>
+#include <tailbatch/detail/cache/optimistic_index.hpp>
 #include <tailbatch/detail/throw.hpp>
-#include <tailbatch/detail/tinylfu_store.hpp>
+#include <tailbatch/detail/cache/tinylfu_store.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/outcome.hpp>
 #include <tailbatch/pipeline.hpp>

@@ -45,7 +45,7 @@
 
 #include <tailbatch/cuda/error.hpp>
 #include <tailbatch/cuda/resources.hpp>
-#include <tailbatch/detail/lane_slots.hpp>
+#include <tailbatch/detail/lanes/slots.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/lanes.hpp>
 #include <tailbatch/latency_histogram.hpp>

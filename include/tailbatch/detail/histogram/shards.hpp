@@ -38,7 +38,7 @@
 #include <utility>
 #include <vector>
 
-#include <tailbatch/detail/histogram_layout.hpp>
+#include <tailbatch/detail/histogram/layout.hpp>
 #include <tailbatch/detail/throw.hpp>
 
 // Users who link tailbatch into a shared library that is loaded at program start (not

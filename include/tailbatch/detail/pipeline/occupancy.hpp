@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <mutex>
 
-#include <tailbatch/batch_window.hpp>
+#include <tailbatch/submit_options.hpp>
 
 namespace tailbatch::detail {
 

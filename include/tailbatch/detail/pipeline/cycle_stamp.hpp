@@ -14,7 +14,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include <tailbatch/batch_window.hpp>
+#include <tailbatch/submit_options.hpp>
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>  // __get_cpuid; the counter itself is a builtin (<x86intrin.h> is 48k lines)

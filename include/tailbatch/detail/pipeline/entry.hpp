@@ -17,7 +17,7 @@
 #include <type_traits>
 #include <utility>
 
-#include <tailbatch/detail/pipeline_completion.hpp>
+#include <tailbatch/detail/pipeline/completion.hpp>
 #include <tailbatch/submit_options.hpp>
 
 namespace tailbatch::detail {

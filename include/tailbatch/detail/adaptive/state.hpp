@@ -20,10 +20,11 @@
 #include <string>
 #include <vector>
 
+#include <tailbatch/detail/time.hpp>
 #include <tailbatch/adaptive_plan.hpp>
 #include <tailbatch/batch_window.hpp>
-#include <tailbatch/detail/arrival_counter.hpp>
-#include <tailbatch/detail/lane_lookahead.hpp>
+#include <tailbatch/detail/adaptive/arrival_counter.hpp>
+#include <tailbatch/detail/adaptive/lane_lookahead.hpp>
 #include <tailbatch/detail/math.hpp>
 #include <tailbatch/metrics.hpp>
 

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include <tailbatch/batch_window.hpp>
-#include <tailbatch/detail/queue_staging.hpp>
+#include <tailbatch/detail/pipeline/queue_staging.hpp>
 #include <tailbatch/outcome.hpp>
 
 namespace tailbatch::detail {

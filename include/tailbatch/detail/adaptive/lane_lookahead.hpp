@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include <tailbatch/detail/time.hpp>
 #include <tailbatch/batch_window.hpp>
 
 namespace tailbatch::detail {

@@ -30,8 +30,8 @@
 #include <utility>
 #include <vector>
 
-#include <tailbatch/batch_window.hpp>
-#include <tailbatch/detail/cycle_stamp.hpp>
+#include <tailbatch/submit_options.hpp>
+#include <tailbatch/detail/pipeline/cycle_stamp.hpp>
 
 namespace tailbatch::detail {
 

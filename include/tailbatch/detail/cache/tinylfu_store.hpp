@@ -28,7 +28,7 @@
 // thread-safe: ResultCache holds one per shard, under the shard's lock; except that, for
 // trivially copyable keys and values (optimistic_eligible), the entries' lookup table is
 // an OptimisticIndex holding a copy of each key, value and expiry, which probe() reads
-// without the lock (detail/optimistic_index.hpp); slots_ then stays empty. The index's
+// without the lock (detail/cache/optimistic_index.hpp); slots_ then stays empty. The index's
 // settled mark on an entry tells such readers that the entry is protected and marked,
 // so that its hits may be sampled (see mark()).
 #pragma once
@@ -44,8 +44,8 @@
 #include <vector>
 #include <utility>
 
-#include <tailbatch/detail/frequency_sketch.hpp>
-#include <tailbatch/detail/optimistic_index.hpp>
+#include <tailbatch/detail/cache/frequency_sketch.hpp>
+#include <tailbatch/detail/cache/optimistic_index.hpp>
 
 namespace tailbatch::detail {
 
