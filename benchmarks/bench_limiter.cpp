@@ -80,7 +80,7 @@ void acquire_release_learning(benchmark::State& state, ConcurrencyLimiter<Algori
 
 void BM_Limiter_AcquireRelease_Aimd(benchmark::State& state) {
   static ConcurrencyLimiter<tailbatch::AimdLimit> limiter(
-      tailbatch::AimdLimit(tailbatch::AimdConfig{
+      tailbatch::AimdLimit(tailbatch::AimdLimitConfig{
           .initial_limit = 1024, .min_limit = 1024, .max_limit = 1024, .window = 10ms}));
   acquire_release_learning(state, limiter);
 }
@@ -88,7 +88,7 @@ BENCHMARK(BM_Limiter_AcquireRelease_Aimd)->Threads(1)->Threads(2)->UseRealTime()
 
 void BM_Limiter_AcquireRelease_Gradient(benchmark::State& state) {
   static ConcurrencyLimiter<tailbatch::GradientLimit> limiter(
-      tailbatch::GradientLimit(tailbatch::GradientConfig{.initial_limit = 1024,
+      tailbatch::GradientLimit(tailbatch::GradientLimitConfig{.initial_limit = 1024,
                                                          .min_limit = 1024,
                                                          .max_limit = 1024,
                                                          .window = 10ms,

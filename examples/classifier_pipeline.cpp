@@ -52,7 +52,7 @@ int main() {
       .metric_labels = labels});
   std::optional<tb::cuda::DeviceClassifier> gpu;
   if (lanes.on_device()) gpu.emplace(clf, lanes.stream_pool()->device_info().device);
-  const tb::cuda::ClassifierModel model(clf, gpu ? &*gpu : nullptr);
+  const tb::cuda::DeviceClassifierModel model(clf, gpu ? &*gpu : nullptr);
 #else
   using Lanes = tb::HostLanes;
   Lanes lanes(2);

@@ -13,7 +13,7 @@
 // limits shrink during the slowdown, holding p95 near 40 ms for the same share of
 // rejections, and grow back after it. The gradient limit's min-RTT probes (every 8 s plus
 // jitter here, the limit pinned to 3 meanwhile) show as seconds with extra rejections;
-// GradientConfig::probe_concurrency = 0 probes live traffic instead.
+// GradientLimitConfig::probe_concurrency = 0 probes live traffic instead.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -136,7 +136,7 @@ int main() {
   // Static: Little's law for the fast regime: 600/s x 10 ms = 6 in service; cap at 16.
   const auto fixed = simulate(tailbatch::StaticLimit{16});
   // AIMD: grow while p95 stays under 40 ms, back off when it does not.
-  const auto aimd = simulate(tailbatch::AimdLimit(tailbatch::AimdConfig{.initial_limit = 16,
+  const auto aimd = simulate(tailbatch::AimdLimit(tailbatch::AimdLimitConfig{.initial_limit = 16,
                                                                         .min_limit = 2,
                                                                         .max_limit = 64,
                                                                         .latency_target = 40ms,
@@ -144,7 +144,7 @@ int main() {
                                                                         .window = 250ms}));
   // Gradient: the limit follows min RTT / current RTT; seeded for a reproducible run.
   const auto gradient =
-      simulate(tailbatch::GradientLimit(tailbatch::GradientConfig{.initial_limit = 16,
+      simulate(tailbatch::GradientLimit(tailbatch::GradientLimitConfig{.initial_limit = 16,
                                                                   .min_limit = 2,
                                                                   .max_limit = 64,
                                                                   .sample_percentile = 90,

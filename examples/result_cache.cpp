@@ -78,7 +78,7 @@ int main() {
   while (done.load(std::memory_order_acquire) < clients * per_client) std::this_thread::sleep_for(1ms);
   pipeline.shutdown();
 
-  const tb::CacheStats s = cache.stats();
+  const tb::ResultCacheStats s = cache.stats();
   const tb::PipelineStats p = pipeline.stats();
   std::printf("%d requests, %d ok\n", clients * per_client, ok.load());
   std::printf("  hits       %6llu  answered from the cache, never queued\n", static_cast<unsigned long long>(s.hits));

@@ -81,8 +81,8 @@ struct PipelineRig {
 
   PipelineRig(tailbatch::MetricsRegistry& registry, ManualClock clock)
       : clock_(clock),
-        limiter_(tailbatch::AimdLimit(tailbatch::AimdConfig{.initial_limit = 8, .min_limit = 8, .max_limit = 64}),
-                 tailbatch::LimiterConfig{.queue_capacity = 0, .metrics = &registry,
+        limiter_(tailbatch::AimdLimit(tailbatch::AimdLimitConfig{.initial_limit = 8, .min_limit = 8, .max_limit = 64}),
+                 tailbatch::ConcurrencyLimiterConfig{.queue_capacity = 0, .metrics = &registry,
                                            .metric_labels = {{"pipeline", "classifier"}}},
                  clock),
         pipeline_(

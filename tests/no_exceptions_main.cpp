@@ -244,7 +244,7 @@ int main() {
         "ContinuousBatcher: bad configuration aborts with its message");
   check(aborts_with(
             [] {
-              tailbatch::StreamConfig bad;
+              tailbatch::TokenStreamerConfig bad;
               bad.capacity = 0;
               bad.validate();
             },

@@ -21,12 +21,12 @@
 #include "tailbatch_test.hpp"
 
 using namespace std::chrono_literals;
-using tailbatch::AimdConfig;
+using tailbatch::AimdLimitConfig;
 using tailbatch::AimdLimit;
 using tailbatch::ConcurrencyLimiter;
-using tailbatch::GradientConfig;
+using tailbatch::GradientLimitConfig;
 using tailbatch::GradientLimit;
-using tailbatch::LimiterConfig;
+using tailbatch::ConcurrencyLimiterConfig;
 using tailbatch::LimitWindow;
 using tailbatch::ManualClock;
 using tailbatch::QueueOrder;
@@ -132,7 +132,7 @@ TEST_CASE("try_acquire admits up to the limit, then rejects as overloaded", "[li
 
 TEST_CASE("stats() gathers the limiter's state in one snapshot, shaped like the Pipeline's", "[limiter]") {
   ConcurrencyLimiter<> lim(StaticLimit{2});
-  tailbatch::LimiterStats st = lim.stats();
+  tailbatch::ConcurrencyLimiterStats st = lim.stats();
   CHECK(st.limit == 2);
   CHECK(st.max_limit == 2);
   CHECK(st.in_flight == 0);
@@ -373,7 +373,7 @@ TEST_CASE("windows close once enough time and samples are in", "[limiter]") {
 TEST_CASE("AIMD through the limiter: the saw-tooth on a manual clock", "[limiter][aimd]") {
   ManualClock clock;
   ConcurrencyLimiter<AimdLimit, ManualClock> lim(
-      AimdLimit(AimdConfig{
+      AimdLimit(AimdLimitConfig{
           .initial_limit = 10, .min_limit = 1, .window = 100ms, .min_window_samples = 1}),
       {}, clock);
   // A service with room for 12: beyond that the excess is shed (reported as drops).
@@ -414,7 +414,7 @@ TEST_CASE("Gradient through the limiter: probes ignore work admitted before them
   // towards it, or the probe would measure the old, queued latency.
   ManualClock clock;
   using Lim = ConcurrencyLimiter<GradientLimit, ManualClock>;
-  Lim lim(GradientLimit(GradientConfig{.initial_limit = 20,
+  Lim lim(GradientLimit(GradientLimitConfig{.initial_limit = 20,
                                        .window = 100ms,
                                        .min_window_samples = 1,
                                        .probe_interval = 30s,
@@ -455,7 +455,7 @@ TEST_CASE("Gradient through the limiter: re-probes happen on the jittered schedu
           "[limiter][gradient]") {
   ManualClock clock;
   using Lim = ConcurrencyLimiter<GradientLimit, ManualClock>;
-  Lim lim(GradientLimit(GradientConfig{.initial_limit = 10,
+  Lim lim(GradientLimit(GradientLimitConfig{.initial_limit = 10,
                                        .window = 100ms,
                                        .min_window_samples = 1,
                                        .probe_interval = 10s,
@@ -542,7 +542,7 @@ TEST_CASE("acquire_for gets a permit handed over on release", "[limiter][wait]")
 
 TEST_CASE("waiters are served in FIFO order, or LIFO when asked", "[limiter][wait]") {
   for (auto order : {QueueOrder::fifo, QueueOrder::lifo}) {
-    ConcurrencyLimiter<> lim(StaticLimit{1}, LimiterConfig{.queue_order = order});
+    ConcurrencyLimiter<> lim(StaticLimit{1}, ConcurrencyLimiterConfig{.queue_order = order});
     auto held = std::move(lim.try_acquire()).value();
     std::mutex m;
     std::vector<int> served;
@@ -566,7 +566,7 @@ TEST_CASE("waiters are served in FIFO order, or LIFO when asked", "[limiter][wai
 }
 
 TEST_CASE("a full queue rejects at once with queue_full", "[limiter][wait]") {
-  ConcurrencyLimiter<> lim(StaticLimit{1}, LimiterConfig{.queue_capacity = 1});
+  ConcurrencyLimiter<> lim(StaticLimit{1}, ConcurrencyLimiterConfig{.queue_capacity = 1});
   auto held = std::move(lim.try_acquire()).value();
   bool first_ok = false;
   std::thread waiter([&] { first_ok = lim.acquire_for(1h).ok(); });
@@ -578,7 +578,7 @@ TEST_CASE("a full queue rejects at once with queue_full", "[limiter][wait]") {
   waiter.join();
   CHECK(first_ok);
 
-  ConcurrencyLimiter<> no_queue(StaticLimit{1}, LimiterConfig{.queue_capacity = 0});
+  ConcurrencyLimiter<> no_queue(StaticLimit{1}, ConcurrencyLimiterConfig{.queue_capacity = 0});
   auto only = no_queue.try_acquire();
   CHECK(no_queue.acquire_for(1h).reason() == RejectReason::overloaded);
   CHECK(no_queue.queued_approx() == 0);
@@ -707,12 +707,12 @@ TEST_CASE("many threads: a flapping limit is never exceeded at admission", "[lim
 TEST_CASE("many threads: adaptive limits close windows concurrently", "[limiter][threads]") {
   for (int threads : {2, 7, 16}) {
     CAPTURE(threads);
-    ConcurrencyLimiter<AimdLimit> aimd(AimdLimit(AimdConfig{.initial_limit = 4,
+    ConcurrencyLimiter<AimdLimit> aimd(AimdLimit(AimdLimitConfig{.initial_limit = 4,
                                                             .min_limit = 2,
                                                             .max_limit = 32,
                                                             .window = 200us,
                                                             .min_window_samples = 4}));
-    ConcurrencyLimiter<GradientLimit> gradient(GradientLimit(GradientConfig{.initial_limit = 4,
+    ConcurrencyLimiter<GradientLimit> gradient(GradientLimit(GradientLimitConfig{.initial_limit = 4,
                                                                             .min_limit = 2,
                                                                             .max_limit = 32,
                                                                             .window = 200us,
@@ -870,7 +870,7 @@ TEST_CASE("overload: 3x capacity keeps admitted p95 within the SLO, queues bound
     CHECK(r.rejected > r.offered / 2);
   }
   SECTION("AIMD with a latency target") {
-    const auto r = run_overload(AimdLimit(AimdConfig{.initial_limit = 20,
+    const auto r = run_overload(AimdLimit(AimdLimitConfig{.initial_limit = 20,
                                                      .min_limit = 1,
                                                      .max_limit = 100,
                                                      .latency_target = 40ms,
@@ -885,7 +885,7 @@ TEST_CASE("overload: 3x capacity keeps admitted p95 within the SLO, queues bound
     CHECK(r.rejected > r.offered / 2);
   }
   SECTION("gradient") {
-    const auto r = run_overload(GradientLimit(GradientConfig{.initial_limit = 20,
+    const auto r = run_overload(GradientLimit(GradientLimitConfig{.initial_limit = 20,
                                                              .min_limit = 2,
                                                              .max_limit = 100,
                                                              .sample_percentile = 90,
@@ -908,9 +908,9 @@ TEST_CASE("metrics: limit, in-flight, queued and rejections by reason", "[limite
   ManualClock clock;
   {
     ConcurrencyLimiter<AimdLimit, ManualClock> lim(
-        AimdLimit(AimdConfig{
+        AimdLimit(AimdLimitConfig{
             .initial_limit = 1, .min_limit = 1, .window = 10ms, .min_window_samples = 1}),
-        LimiterConfig{
+        ConcurrencyLimiterConfig{
             .queue_capacity = 0, .metrics = &registry, .metric_labels = {{"pipeline", "classifier"}}},
         clock);
     auto a = std::move(lim.try_acquire()).value();
@@ -941,6 +941,6 @@ TEST_CASE("metrics: limit, in-flight, queued and rejections by reason", "[limite
   CHECK(after.find("tailbatch_limiter_in_flight") == std::string::npos);
   CHECK(after.find("tailbatch_limiter_rejections_total") != std::string::npos);
   // A static limiter has no window RTT gauge.
-  ConcurrencyLimiter<> plain(StaticLimit{5}, LimiterConfig{.metrics = &registry});
+  ConcurrencyLimiter<> plain(StaticLimit{5}, ConcurrencyLimiterConfig{.metrics = &registry});
   CHECK(registry.prometheus().find("tailbatch_limiter_limit 5") != std::string::npos);
 }

@@ -21,7 +21,7 @@
 #include "tailbatch_test.hpp"
 
 using namespace std::chrono_literals;
-using tailbatch::HistogramConfig;
+using tailbatch::LatencyHistogramConfig;
 using tailbatch::HistogramSnapshot;
 using tailbatch::LatencyHistogram;
 using tailbatch::ManualClock;
@@ -50,7 +50,7 @@ std::vector<double> probe_percentiles() {
 
 // Records `values` into a histogram with `options` and checks every probe percentile, min,
 // max and mean against the sorted values.
-void check_accuracy(std::vector<std::int64_t> values, const HistogramConfig& options, double bound) {
+void check_accuracy(std::vector<std::int64_t> values, const LatencyHistogramConfig& options, double bound) {
   LatencyHistogram h(options);
   long double sum = 0;
   for (auto v : values) {
@@ -161,8 +161,8 @@ TEST_CASE("layout: every value lies in its bucket, midpoints within the bound", 
 }
 
 TEST_CASE("accuracy: every percentile within 1 % at 2 digits, 0.1 % at 3 digits", "[histogram][accuracy]") {
-  HistogramConfig two{};
-  HistogramConfig three{};
+  LatencyHistogramConfig two{};
+  LatencyHistogramConfig three{};
   three.significant_digits = 3;
   SECTION("lognormal") {
     check_accuracy(lognormal_samples(1), two, 0.01);
@@ -183,7 +183,7 @@ TEST_CASE("memory per shard at the default precision is at most 16 KB", "[histog
   INFO("shard_bytes = " << h.shard_bytes() << ", buckets = " << h.bucket_count());
   REQUIRE(h.shard_bytes() <= 16 * 1024);
   REQUIRE(h.bucket_count() * sizeof(std::uint64_t) <= h.shard_bytes());
-  HistogramConfig three{};
+  LatencyHistogramConfig three{};
   three.significant_digits = 3;
   REQUIRE(LatencyHistogram(three).shard_bytes() > h.shard_bytes());
   REQUIRE(h.shard_count() == 0);  // nothing allocated per thread until a thread records
@@ -249,7 +249,7 @@ TEST_CASE("bad options throw std::invalid_argument naming the field", "[histogra
     }
     return "no exception";
   };
-  HistogramConfig o;
+  LatencyHistogramConfig o;
   o.lowest = 0ns;
   CHECK_THAT(message_of([&] { LatencyHistogram h(o); }), Catch::Contains("LatencyHistogram") && Catch::Contains("lowest"));
   o = {};
@@ -303,7 +303,7 @@ TEST_CASE("merge: two halves merge into the whole; differing options throw", "[h
   REQUIRE(into.percentile(99) == w.percentile(99));
 
   // A default snapshot adopts the first options it sees; after that, options must match.
-  HistogramConfig three;
+  LatencyHistogramConfig three;
   three.significant_digits = 3;
   LatencyHistogram precise(three);
   precise.record(5ms);
@@ -314,7 +314,7 @@ TEST_CASE("merge: two halves merge into the whole; differing options throw", "[h
   REQUIRE_THROWS_AS(merged.merge(precise.snapshot()), std::invalid_argument);
   REQUIRE_THROWS_AS(precise.merge_into(merged), std::invalid_argument);
   REQUIRE(merged.count() == w.count());  // unchanged by the failed merges
-  HistogramSnapshot fixed(HistogramConfig{});
+  HistogramSnapshot fixed(LatencyHistogramConfig{});
   REQUIRE_THROWS_AS(fixed.merge(precise.snapshot()), std::invalid_argument);
 }
 
@@ -370,7 +370,7 @@ TEST_CASE("record_corrected back-fills expected intervals (coordinated omission)
     REQUIRE(h.snapshot().count() == 12);
   }
   SECTION("the same as recording each missing value, including clamping") {
-    HistogramConfig o;
+    LatencyHistogramConfig o;
     o.lowest = 1us;
     o.highest = 1s;
     std::mt19937_64 rng(7);
@@ -395,7 +395,7 @@ TEST_CASE("record_corrected back-fills expected intervals (coordinated omission)
     }
   }
   SECTION("a huge back-fill is cheap and its sum stays exact beyond 2^64 ns") {
-    HistogramConfig o;
+    LatencyHistogramConfig o;
     o.lowest = 1ns;
     LatencyHistogram h(o);
     constexpr std::int64_t v = 100'000'000'000;  // 100 s, back-filled every 1 ns: 10^11 values
@@ -691,11 +691,11 @@ TEST_CASE("RollingHistogram on the steady clock", "[histogram][rolling]") {
   const auto s = r.snapshot();
   REQUIRE(s.count() == 2);
   REQUIRE(s.mean() == 5ms);
-  REQUIRE(r.config() == HistogramConfig{});
+  REQUIRE(r.config() == LatencyHistogramConfig{});
 }
 
 TEST_CASE("snapshots are values: copies are independent, merged sums carry past 2^64", "[histogram]") {
-  HistogramConfig o;
+  LatencyHistogramConfig o;
   o.lowest = 1ns;
   LatencyHistogram h(o);
   h.record_corrected(ns(100'000'000'000), 1ns);  // sum 5.00000000005e21 ns > 2^64

@@ -12,9 +12,9 @@
 #include "tailbatch_test.hpp"
 
 using namespace std::chrono_literals;
-using tailbatch::AimdConfig;
+using tailbatch::AimdLimitConfig;
 using tailbatch::AimdLimit;
-using tailbatch::GradientConfig;
+using tailbatch::GradientLimitConfig;
 using tailbatch::GradientLimit;
 using tailbatch::LimitWindow;
 using tailbatch::StaticLimit;
@@ -115,37 +115,37 @@ TEST_CASE("AIMD: defaults match the documented ones", "[limit_algorithms][aimd]"
 }
 
 TEST_CASE("AIMD: a used limit grows by one per good window", "[limit_algorithms][aimd]") {
-  AimdLimit a(AimdConfig{.initial_limit = 10, .min_limit = 1});
+  AimdLimit a(AimdLimitConfig{.initial_limit = 10, .min_limit = 1});
   CHECK(a.on_window(window(1ms, 10, 10)) == 11);
   CHECK(a.on_window(window(1ms, 10, 6)) == 12);  // 6 >= 0.5 * 11
 }
 
 TEST_CASE("AIMD: an idle limit does not grow", "[limit_algorithms][aimd]") {
-  AimdLimit a(AimdConfig{.initial_limit = 10, .min_limit = 1});
+  AimdLimit a(AimdLimitConfig{.initial_limit = 10, .min_limit = 1});
   CHECK(a.on_window(window(1ms, 10, 4)) == 10);  // 4 < 0.5 * 10: the service is not using it
   CHECK(a.on_window(LimitWindow{}) == 10);       // nothing happened: nothing changes
 }
 
 TEST_CASE("AIMD: a drop backs off multiplicatively, by at least one", "[limit_algorithms][aimd]") {
-  AimdLimit a(AimdConfig{.initial_limit = 10, .min_limit = 1});
+  AimdLimit a(AimdLimitConfig{.initial_limit = 10, .min_limit = 1});
   CHECK(a.on_window(window(1ms, 10, 10, 1)) == 9);
-  AimdLimit b(AimdConfig{.initial_limit = 30, .min_limit = 1});
+  AimdLimit b(AimdLimitConfig{.initial_limit = 30, .min_limit = 1});
   CHECK(b.on_window(window(1ms, 10, 30, 3)) == 27);
-  AimdLimit c(AimdConfig{.initial_limit = 5, .min_limit = 1, .backoff_ratio = 0.99});
+  AimdLimit c(AimdLimitConfig{.initial_limit = 5, .min_limit = 1, .backoff_ratio = 0.99});
   CHECK(c.on_window(window(1ms, 10, 5, 1)) == 4);  // floor(4.95) = 4
 }
 
 TEST_CASE("AIMD: a sample over the timeout counts as a drop", "[limit_algorithms][aimd]") {
-  AimdLimit a(AimdConfig{.initial_limit = 30, .min_limit = 1, .timeout = 1s});
+  AimdLimit a(AimdLimitConfig{.initial_limit = 30, .min_limit = 1, .timeout = 1s});
   auto w = window(1ms, 9, 30);
   w.add(1s + 1ns, 30);
   CHECK(a.on_window(w) == 27);
-  AimdLimit no_timeout(AimdConfig{.initial_limit = 30, .min_limit = 1, .timeout = 0s});
+  AimdLimit no_timeout(AimdLimitConfig{.initial_limit = 30, .min_limit = 1, .timeout = 0s});
   CHECK(no_timeout.on_window(w) == 31);
 }
 
 TEST_CASE("AIMD: latency over the target backs off, under it grows", "[limit_algorithms][aimd]") {
-  AimdLimit a(AimdConfig{
+  AimdLimit a(AimdLimitConfig{
       .initial_limit = 20, .min_limit = 1, .latency_target = 50ms, .target_percentile = 95});
   auto slow = window(10ms, 90, 20);
   for (int i = 0; i < 10; ++i) slow.add(80ms, 20);  // p95 = 80 ms
@@ -156,11 +156,11 @@ TEST_CASE("AIMD: latency over the target backs off, under it grows", "[limit_alg
 }
 
 TEST_CASE("AIMD: bounds hold at the top and the bottom", "[limit_algorithms][aimd]") {
-  AimdLimit top(AimdConfig{.initial_limit = 21, .min_limit = 1, .max_limit = 21});
+  AimdLimit top(AimdLimitConfig{.initial_limit = 21, .min_limit = 1, .max_limit = 21});
   CHECK(top.on_window(window(1ms, 10, 21)) == 21);
-  AimdLimit bottom(AimdConfig{.initial_limit = 3, .min_limit = 3});
+  AimdLimit bottom(AimdLimitConfig{.initial_limit = 3, .min_limit = 3});
   CHECK(bottom.on_window(window(1ms, 10, 3, 10)) == 3);
-  AimdLimit big_step(AimdConfig{.initial_limit = 20, .max_limit = 22, .increase = 5});
+  AimdLimit big_step(AimdLimitConfig{.initial_limit = 20, .max_limit = 22, .increase = 5});
   CHECK(big_step.on_window(window(1ms, 10, 20)) == 22);
 }
 
@@ -169,7 +169,7 @@ TEST_CASE("AIMD: saw-tooth against a fixed capacity", "[limit_algorithms][aimd]"
   // always used: the limit climbs by one per window to 41, is cut to floor(41 * 0.9) = 36,
   // climbs again: the classic saw-tooth, period 6 windows, forever between 36 and 41.
   constexpr std::uint32_t capacity = 40;
-  AimdLimit a(AimdConfig{.initial_limit = 30, .min_limit = 1});
+  AimdLimit a(AimdLimitConfig{.initial_limit = 30, .min_limit = 1});
   std::vector<std::uint32_t> trace;
   for (int i = 0; i < 40; ++i) {
     const auto limit = a.limit();
@@ -184,40 +184,40 @@ TEST_CASE("AIMD: saw-tooth against a fixed capacity", "[limit_algorithms][aimd]"
 }
 
 TEST_CASE("AIMD: bad configuration names the field", "[limit_algorithms][aimd]") {
-  CHECK(what_of([] { AimdLimit a(AimdConfig{.min_limit = 0}); }).find("min_limit") !=
+  CHECK(what_of([] { AimdLimit a(AimdLimitConfig{.min_limit = 0}); }).find("min_limit") !=
         std::string::npos);
-  CHECK(what_of([] { AimdLimit a(AimdConfig{.initial_limit = 300}); }).find("initial_limit") !=
+  CHECK(what_of([] { AimdLimit a(AimdLimitConfig{.initial_limit = 300}); }).find("initial_limit") !=
         std::string::npos);
-  CHECK(what_of([] { AimdLimit a(AimdConfig{.min_limit = 30}); }).find("initial_limit") !=
+  CHECK(what_of([] { AimdLimit a(AimdLimitConfig{.min_limit = 30}); }).find("initial_limit") !=
         std::string::npos);
   CHECK(what_of([] {
-          AimdLimit a(AimdConfig{.min_limit = 5, .max_limit = 4});
+          AimdLimit a(AimdLimitConfig{.min_limit = 5, .max_limit = 4});
         }).find("max_limit") != std::string::npos);
-  CHECK(what_of([] { AimdLimit a(AimdConfig{.backoff_ratio = 1.0}); }).find("backoff_ratio") !=
+  CHECK(what_of([] { AimdLimit a(AimdLimitConfig{.backoff_ratio = 1.0}); }).find("backoff_ratio") !=
         std::string::npos);
-  CHECK(what_of([] { AimdLimit a(AimdConfig{.backoff_ratio = 0.4}); }).find("backoff_ratio") !=
+  CHECK(what_of([] { AimdLimit a(AimdLimitConfig{.backoff_ratio = 0.4}); }).find("backoff_ratio") !=
         std::string::npos);
-  CHECK(what_of([] { AimdLimit a(AimdConfig{.increase = 0}); }).find("increase") !=
+  CHECK(what_of([] { AimdLimit a(AimdLimitConfig{.increase = 0}); }).find("increase") !=
         std::string::npos);
-  CHECK(what_of([] { AimdLimit a(AimdConfig{.timeout = -1s}); }).find("timeout") !=
+  CHECK(what_of([] { AimdLimit a(AimdLimitConfig{.timeout = -1s}); }).find("timeout") !=
         std::string::npos);
-  CHECK(what_of([] { AimdLimit a(AimdConfig{.latency_target = -1s}); }).find("latency_target") !=
+  CHECK(what_of([] { AimdLimit a(AimdLimitConfig{.latency_target = -1s}); }).find("latency_target") !=
         std::string::npos);
   CHECK(what_of([] {
-          AimdLimit a(AimdConfig{.target_percentile = 0});
+          AimdLimit a(AimdLimitConfig{.target_percentile = 0});
         }).find("target_percentile") != std::string::npos);
-  CHECK(what_of([] { AimdLimit a(AimdConfig{.utilization = 1.5}); }).find("utilization") !=
+  CHECK(what_of([] { AimdLimit a(AimdLimitConfig{.utilization = 1.5}); }).find("utilization") !=
         std::string::npos);
-  CHECK(what_of([] { AimdLimit a(AimdConfig{.window = 0s}); }).find("window") != std::string::npos);
+  CHECK(what_of([] { AimdLimit a(AimdLimitConfig{.window = 0s}); }).find("window") != std::string::npos);
   CHECK(what_of([] {
-          AimdLimit a(AimdConfig{.min_window_samples = 0});
+          AimdLimit a(AimdLimitConfig{.min_window_samples = 0});
         }).find("min_window_samples") != std::string::npos);
 }
 
 // --- Gradient: Envoy gradient controller tests and Netflix Gradient2 behaviour ----------------
 
 TEST_CASE("Gradient: defaults match the documented ones", "[limit_algorithms][gradient]") {
-  GradientLimit g(GradientConfig{.seed = 1});
+  GradientLimit g(GradientLimitConfig{.seed = 1});
   const auto& c = g.config();
   CHECK(c.initial_limit == 20);
   CHECK(c.min_limit == 3);
@@ -239,7 +239,7 @@ TEST_CASE("Gradient: starts by probing the min RTT at the probe concurrency",
           "[limit_algorithms][gradient]") {
   // Envoy MinRTTLogicTest: the limit is pinned while the probe gathers its samples, and the
   // probe's aggregate becomes the min RTT.
-  GradientLimit g(GradientConfig{.probe_samples = 50, .probe_concurrency = 7, .seed = 1});
+  GradientLimit g(GradientLimitConfig{.probe_samples = 50, .probe_concurrency = 7, .seed = 1});
   CHECK(g.probing());
   CHECK(g.limit() == 7);
   CHECK(g.next_window().fresh_only);
@@ -256,7 +256,7 @@ TEST_CASE("Gradient: starts by probing the min RTT at the probe concurrency",
 TEST_CASE("Gradient: the min RTT is the probe's sample percentile",
           "[limit_algorithms][gradient]") {
   // Envoy SamplePercentileProcessTest-like: samples of 1..5 ms, p50 -> 3 ms.
-  GradientLimit g(GradientConfig{.probe_samples = 5, .seed = 1});
+  GradientLimit g(GradientLimitConfig{.probe_samples = 5, .seed = 1});
   LimitWindow w(t0 - 1s, t0, 3);
   for (int ms = 1; ms <= 5; ++ms) w.add(std::chrono::milliseconds(ms), 1);
   g.on_window(w);
@@ -267,7 +267,7 @@ TEST_CASE("Gradient: the min RTT is the probe's sample percentile",
 TEST_CASE("Gradient: the buffer keeps a slightly slower RTT from shrinking the limit",
           "[limit_algorithms][gradient]") {
   // Envoy MinRTTBufferTest: min RTT 5 ms, 50 % buffer, samples at 6 ms: the limit keeps rising.
-  GradientLimit g(GradientConfig{.min_rtt_buffer = 0.5, .probe_samples = 5, .seed = 1});
+  GradientLimit g(GradientLimitConfig{.min_rtt_buffer = 0.5, .probe_samples = 5, .seed = 1});
   finish_first_probe(g, 5ms);
   for (int i = 0; i < 10; ++i) {
     const auto before = g.limit();
@@ -278,7 +278,7 @@ TEST_CASE("Gradient: the buffer keeps a slightly slower RTT from shrinking the l
 TEST_CASE("Gradient: grows under low latency, shrinks under high, within the gradient bounds",
           "[limit_algorithms][gradient]") {
   // Envoy ConcurrencyLimitBehaviorTestBasic, with Envoy's settings (no smoothing).
-  GradientLimit g(GradientConfig{.initial_limit = 7,
+  GradientLimit g(GradientLimitConfig{.initial_limit = 7,
                                  .min_limit = 7,
                                  .smoothing = 1.0,
                                  .min_rtt_buffer = 0.1,
@@ -304,7 +304,7 @@ TEST_CASE("Gradient: grows under low latency, shrinks under high, within the gra
 
 TEST_CASE("Gradient: falls when latency rises and recovers when it falls",
           "[limit_algorithms][gradient]") {
-  GradientLimit g(GradientConfig{.initial_limit = 40,
+  GradientLimit g(GradientLimitConfig{.initial_limit = 40,
                                  .probe_interval = std::chrono::hours(1),
                                  .probe_samples = 10,
                                  .seed = 7});
@@ -332,7 +332,7 @@ TEST_CASE("Gradient: falls when latency rises and recovers when it falls",
 
 TEST_CASE("Gradient: no growth while the limit is not used", "[limit_algorithms][gradient]") {
   // Netflix Gradient2: "don't grow the limit if we are app limited".
-  GradientLimit g(GradientConfig{.initial_limit = 20, .probe_samples = 5, .seed = 1});
+  GradientLimit g(GradientLimitConfig{.initial_limit = 20, .probe_samples = 5, .seed = 1});
   finish_first_probe(g, 10ms);
   for (int i = 0; i < 10; ++i) CHECK(g.on_window(window(10ms, 10, 9)) == 20);  // 9 < 10
   CHECK(g.on_window(window(10ms, 10, 10)) > 20);
@@ -342,7 +342,7 @@ TEST_CASE("Gradient: no growth while the limit is not used", "[limit_algorithms]
 
 TEST_CASE("Gradient: Netflix-style configuration (fixed queue of 4, gradient <= 1)",
           "[limit_algorithms][gradient]") {
-  GradientLimit g(GradientConfig{.initial_limit = 20,
+  GradientLimit g(GradientLimitConfig{.initial_limit = 20,
                                  .min_limit = 20,
                                  .max_limit = 200,
                                  .min_rtt_buffer = 0.5,
@@ -362,7 +362,7 @@ TEST_CASE("Gradient: Netflix-style configuration (fixed queue of 4, gradient <= 
 
 TEST_CASE("Gradient: an empty window changes nothing", "[limit_algorithms][gradient]") {
   // Envoy NoSamplesTest.
-  GradientLimit g(GradientConfig{.probe_samples = 5, .seed = 1});
+  GradientLimit g(GradientLimitConfig{.probe_samples = 5, .seed = 1});
   finish_first_probe(g, 5ms);
   for (int i = 0; i < 3; ++i) g.on_window(window(4ms, 10, g.limit()));
   const auto limit = g.limit();
@@ -373,7 +373,7 @@ TEST_CASE("Gradient: re-probes on schedule and restores the previous limit",
           "[limit_algorithms][gradient]") {
   // Envoy MinRTTReturnToPreviousLimit and MinRTTRescheduleTest, with jitter off.
   GradientLimit g(
-      GradientConfig{.probe_interval = 30s, .probe_jitter = 0, .probe_samples = 5, .seed = 1});
+      GradientLimitConfig{.probe_interval = 30s, .probe_jitter = 0, .probe_samples = 5, .seed = 1});
   finish_first_probe(g, 5ms, t0);
   CHECK(g.next_probe_at() == t0 + 30s);
   time_point now = t0;
@@ -402,7 +402,7 @@ TEST_CASE("Gradient: jitter delays probes by at most probe_jitter of the interva
           "[limit_algorithms][gradient]") {
   // Envoy TimerAccuracyTest: with 10 % jitter of 100 s, the next probe is in [100 s, 110 s).
   auto schedule = [](std::uint64_t seed) {
-    GradientLimit g(GradientConfig{
+    GradientLimit g(GradientLimitConfig{
         .probe_interval = 100s, .probe_jitter = 0.10, .probe_samples = 5, .seed = seed});
     std::vector<time_point::duration> delays;
     time_point at = t0;
@@ -428,7 +428,7 @@ TEST_CASE("Gradient: jitter delays probes by at most probe_jitter of the interva
 
   // Without jitter the schedule is exact (Envoy TimerAccuracyTestNoJitter).
   GradientLimit exact(
-      GradientConfig{.probe_interval = 45s, .probe_jitter = 0, .probe_samples = 5, .seed = 3});
+      GradientLimitConfig{.probe_interval = 45s, .probe_jitter = 0, .probe_samples = 5, .seed = 3});
   exact.on_window(window(5ms, 5, 3, 0, t0));
   CHECK(exact.next_probe_at() == t0 + 45s);
 }
@@ -438,7 +438,7 @@ TEST_CASE("Gradient: sitting at the minimum triggers a fresh probe",
   // Envoy ConsecutiveMinConcurrencyReset: latencies far above the min RTT pin the limit at its
   // minimum; after 5 such windows the min RTT is re-measured, and with the new (higher) min
   // RTT the limit grows again at the same latency.
-  GradientLimit g(GradientConfig{.initial_limit = 7,
+  GradientLimit g(GradientLimitConfig{.initial_limit = 7,
                                  .min_limit = 7,
                                  .min_rtt_buffer = 0,
                                  .probe_interval = 3600s,
@@ -465,7 +465,7 @@ TEST_CASE("Gradient: sitting at the minimum triggers a fresh probe",
 TEST_CASE("Gradient: an unpinned probe measures live traffic at the current limit",
           "[limit_algorithms][gradient]") {
   GradientLimit g(
-      GradientConfig{.initial_limit = 50, .probe_samples = 5, .probe_concurrency = 0, .seed = 1});
+      GradientLimitConfig{.initial_limit = 50, .probe_samples = 5, .probe_concurrency = 0, .seed = 1});
   CHECK(g.probing());
   CHECK(g.limit() == 50);
   g.on_window(window(8ms, 5, 30));
@@ -479,7 +479,7 @@ TEST_CASE("Gradient and AIMD: limits stay within their bounds whatever the sampl
   std::uniform_int_distribution<int> rtt_ms(1, 500);
   std::uniform_int_distribution<int> count(0, 60);
   std::uniform_int_distribution<int> coin(0, 9);
-  GradientLimit g(GradientConfig{.initial_limit = 10,
+  GradientLimit g(GradientLimitConfig{.initial_limit = 10,
                                  .min_limit = 4,
                                  .max_limit = 64,
                                  .probe_interval = 5s,
@@ -487,7 +487,7 @@ TEST_CASE("Gradient and AIMD: limits stay within their bounds whatever the sampl
                                  .probe_concurrency = 2,
                                  .seed = 9});
   AimdLimit a(
-      AimdConfig{.initial_limit = 10, .min_limit = 4, .max_limit = 64, .latency_target = 200ms});
+      AimdLimitConfig{.initial_limit = 10, .min_limit = 4, .max_limit = 64, .latency_target = 200ms});
   time_point now = t0;
   for (int i = 0; i < 5000; ++i) {
     now += 100ms;
@@ -511,7 +511,7 @@ TEST_CASE("Gradient and AIMD: limits stay within their bounds whatever the sampl
 }
 
 TEST_CASE("Gradient: bad configuration names the field", "[limit_algorithms][gradient]") {
-  auto msg = [](GradientConfig c) { return what_of([&] { GradientLimit g(c); }); };
+  auto msg = [](GradientLimitConfig c) { return what_of([&] { GradientLimit g(c); }); };
   CHECK(msg({.min_limit = 0, .seed = 1}).find("min_limit") != std::string::npos);
   CHECK(msg({.max_limit = 2, .seed = 1}).find("max_limit") != std::string::npos);
   CHECK(msg({.initial_limit = 2, .seed = 1}).find("initial_limit") != std::string::npos);

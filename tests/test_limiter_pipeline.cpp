@@ -190,9 +190,9 @@ TEST_CASE("limiter + Pipeline: a limit below max_batch x lanes is refused at con
   CHECK_NOTHROW(build(enough, true));
   // Adaptive limits are checked by the most they may ever allow.
   Limiter<AimdLimit> aimd(
-      AimdLimit(AimdConfig{.initial_limit = 4, .min_limit = 1, .max_limit = 12}), {}, clock);
+      AimdLimit(AimdLimitConfig{.initial_limit = 4, .min_limit = 1, .max_limit = 12}), {}, clock);
   CHECK_THROWS_AS(build(aimd, true), std::invalid_argument);
-  Limiter<AimdLimit> roomy(AimdLimit(AimdConfig{.initial_limit = 4, .min_limit = 1}), {}, clock);
+  Limiter<AimdLimit> roomy(AimdLimit(AimdLimitConfig{.initial_limit = 4, .min_limit = 1}), {}, clock);
   CHECK_NOTHROW(build(roomy, true));
 }
 
@@ -204,7 +204,7 @@ TEST_CASE("limiter + Pipeline: limit, in-flight, queued and rejections exported 
   Model m(clock, 5ms);
   HostLanes lanes(1, 1);
   Limiter<StaticLimit> limiter(
-      StaticLimit{8}, LimiterConfig{.metrics = &registry, .metric_labels = labels}, clock);
+      StaticLimit{8}, ConcurrencyLimiterConfig{.metrics = &registry, .metric_labels = labels}, clock);
   Pipe<StaticLimit>::Config config;
   config.metrics = &registry;
   config.metric_labels = labels;
@@ -238,7 +238,7 @@ TEST_CASE("limiter + Pipeline: an AIMD limit holds the SLO under 3x overload",
   // stays within the limit, and every rejection completes inside submit().
   ManualClock clock;
   HostLanes lanes(1, 1);
-  Limiter<AimdLimit> limiter(AimdLimit(AimdConfig{.initial_limit = 64,
+  Limiter<AimdLimit> limiter(AimdLimit(AimdLimitConfig{.initial_limit = 64,
                                                   .min_limit = 8,
                                                   .max_limit = 256,
                                                   .latency_target = 35ms,
@@ -280,7 +280,7 @@ TEST_CASE("limiter + Pipeline: an AIMD limit holds the SLO under 3x overload",
       returned = true;
       max_queue = std::max(max_queue, p.queued_approx());
     }
-    const PollResult r = p.poll(1);  // runs one due batch (the model moves the clock)
+    const PipelinePollResult r = p.poll(1);  // runs one due batch (the model moves the clock)
     if (r.batches == 0 && next < arrivals) clock.advance_to(std::min(arrival_of(next), r.next_due));
   }
   p.shutdown();

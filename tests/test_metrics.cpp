@@ -370,10 +370,10 @@ TEST_CASE("registering the same (name, labels) returns the same metric", "[metri
   c1.inc();
   CHECK(contains(r.prometheus(), "# HELP x_total first help\n"));
 
-  tailbatch::HistogramConfig precise;
+  tailbatch::LatencyHistogramConfig precise;
   precise.significant_digits = 3;
   CHECK_THROWS_MATCHES((void)r.histogram("z_seconds", "h", {}, precise), std::invalid_argument,
-                       MessageContains("z_seconds") && MessageContains("different HistogramConfig"));
+                       MessageContains("z_seconds") && MessageContains("different LatencyHistogramConfig"));
   auto& p1 = r.histogram("p_seconds", "h", {}, precise);
   auto& p2 = r.histogram("p_seconds", "h", {}, precise);
   CHECK(&p1 == &p2);
@@ -453,7 +453,7 @@ TEST_CASE("invalid names, labels and help are rejected and change nothing", "[me
        "reserved for the quantiles"},
       {[&] { (void)r.gauge_callback("cb", "h", {}, {}); }, "fn is empty"},
       {[&] {
-         tailbatch::HistogramConfig bad;
+         tailbatch::LatencyHistogramConfig bad;
          bad.significant_digits = 0;
          (void)r.histogram("bad_seconds", "h", {}, bad);
        },

@@ -55,7 +55,7 @@ TEST_CASE("Pipeline (manual): size trigger dispatches a full batch at once") {
   CHECK(p.worker_count() == 0);
   std::vector<std::future<Outcome<int>>> f;
   for (int i = 1; i <= 3; ++i) f.push_back(p.submit(i));
-  PollResult r = p.poll();
+  PipelinePollResult r = p.poll();
   CHECK(r.batches == 0);
   CHECK(r.next_due == t0 + 10ms);
   f.push_back(p.submit(4));

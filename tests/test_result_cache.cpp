@@ -87,7 +87,7 @@ TEST_CASE("ResultCache: try_get, insert, erase and the hit/miss counts") {
   CHECK(*cache.try_get(1) == 10);
   CHECK(cache.insert(1, 11));  // replaces
   CHECK(*cache.try_get(1) == 11);
-  const CacheStats s = cache.stats();
+  const ResultCacheStats s = cache.stats();
   CHECK(s.hits == 3);
   CHECK(s.misses == 1);
   CHECK(s.entries == 1);
@@ -128,7 +128,7 @@ TEST_CASE("ResultCache: never holds more entries than max_entries") {
       (void)cache.insert(k, k);
       REQUIRE(cache.size_approx() <= 40);
     }
-    const CacheStats s = cache.stats();
+    const ResultCacheStats s = cache.stats();
     CHECK(s.entries == cache.size_approx());
     CHECK(s.entries >= 40 - shards);  // each shard fills its share
     CHECK(s.evictions == s.inserts - s.entries);
@@ -236,7 +236,7 @@ TEST_CASE("ResultCache + Pipeline: identical requests in flight share one batch 
     REQUIRE(ready(f[i]));
     CHECK(f[i].get().value() == want[i]);
   }
-  CacheStats s = cache.stats();
+  ResultCacheStats s = cache.stats();
   CHECK(s.misses == 2);
   CHECK(s.coalesced == 2);
   CHECK(s.in_flight == 0);
@@ -364,7 +364,7 @@ TEST_CASE("ResultCache + Pipeline: deadlines are never stretched by coalescing")
   auto patient = cache.submit(p, 3, SubmitOptions{.deadline = t0 + 100ms});
   // A tighter deadline than the shared request's runs on its own.
   auto hasty = cache.submit(p, 3, SubmitOptions{.deadline = t0 + 2ms});
-  CacheStats s = cache.stats();
+  ResultCacheStats s = cache.stats();
   CHECK(s.coalesced == 1);
   CHECK(s.misses == 2);
   CHECK(p.stats().submitted == 2);
@@ -435,7 +435,7 @@ TEST_CASE("ResultCache + threaded Pipeline: concurrent submits from 1, 2, 3, 7 a
     INFO("threads " << threads);
     CHECK(done.load() == expected);
     CHECK(wrong.load() == 0);
-    const CacheStats s = cache.stats();
+    const ResultCacheStats s = cache.stats();
     CHECK(s.in_flight == 0);
     CHECK(s.entries <= 64);
     CHECK(s.hits + s.misses + s.coalesced ==
@@ -554,7 +554,7 @@ TEST_CASE("ResultCache: concurrent try_get and insert from 1, 2, 3, 7 and 16 thr
     }
     for (auto& th : pool) th.join();
     CHECK(wrong.load() == 0);
-    const CacheStats s = cache.stats();
+    const ResultCacheStats s = cache.stats();
     CHECK(s.hits == hits.load());
     CHECK(s.hits + s.misses == static_cast<std::uint64_t>(threads) * per_thread);
     CHECK(s.entries <= 64);
@@ -635,7 +635,7 @@ TEST_CASE("ResultCache: lock-free hits never see a torn or wrong value while wri
     done = true;
     for (std::size_t t = 2; t < pool.size(); ++t) pool[t].join();
     CHECK(wrong.load() == 0);
-    const CacheStats s = cache.stats();
+    const ResultCacheStats s = cache.stats();
     CHECK(s.hits == seen.load());
     CHECK(s.entries <= 48);
     CHECK(s.entries == cache.size_approx());

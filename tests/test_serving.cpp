@@ -342,7 +342,7 @@ TEST_CASE("SseEncoder in TokenStreamer's callback mode appends on the producer's
   tailbatch::StreamCallbacks<int> cb;
   cb.on_tokens = [&, enc](std::span<const int> t) { enc->append_tokens(wire, t); };
   cb.on_end = [&, enc](const StreamEnd& e) { enc->append_end(wire, e); };
-  tailbatch::StreamConfig opts;
+  tailbatch::TokenStreamerConfig opts;
   opts.coalesce_tokens = 2;
   opts.flush_first_token = true;
   tailbatch::TokenStreamer<int, tailbatch::ManualClock> s(opts, cb);

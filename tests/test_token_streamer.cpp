@@ -23,13 +23,13 @@ using tailbatch::RejectReason;
 using tailbatch::Status;
 using tailbatch::StreamCallbacks;
 using tailbatch::StreamEnd;
-using tailbatch::StreamConfig;
+using tailbatch::TokenStreamerConfig;
 
 using Streamer = tailbatch::TokenStreamer<int, ManualClock>;
 
 namespace {
-StreamConfig coalesced(std::size_t n, std::chrono::nanoseconds t = {}, bool flush_first = false) {
-  StreamConfig o;
+TokenStreamerConfig coalesced(std::size_t n, std::chrono::nanoseconds t = {}, bool flush_first = false) {
+  TokenStreamerConfig o;
   o.coalesce_tokens = n;
   o.coalesce_interval = t;
   o.flush_first_token = flush_first;
@@ -152,7 +152,7 @@ TEST_CASE("coalescing by time publishes once the oldest pending token is due", "
 }
 
 TEST_CASE("a slow consumer: the push past capacity closes the stream as cancelled", "[token_streamer]") {
-  StreamConfig o;
+  TokenStreamerConfig o;
   o.capacity = 4;
   Streamer s(o, ManualClock{});
   for (int i = 0; i < 4; ++i) REQUIRE(s.push(i));
@@ -170,7 +170,7 @@ TEST_CASE("a slow consumer: the push past capacity closes the stream as cancelle
 }
 
 TEST_CASE("a consumer that keeps up never hits the bound", "[token_streamer]") {
-  StreamConfig o;
+  TokenStreamerConfig o;
   o.capacity = 2;
   Streamer s(o, ManualClock{});
   for (int i = 0; i < 1000; ++i) {
@@ -318,7 +318,7 @@ TEST_CASE("cancellation by cancel() or by the token reaches the producer", "[tok
 }
 
 TEST_CASE("bad options throw std::invalid_argument naming the field", "[token_streamer]") {
-  auto message = [](StreamConfig o) {
+  auto message = [](TokenStreamerConfig o) {
     try {
       Streamer s(o, ManualClock{});
     } catch (const std::invalid_argument& e) {
@@ -326,7 +326,7 @@ TEST_CASE("bad options throw std::invalid_argument naming the field", "[token_st
     }
     return std::string();
   };
-  StreamConfig o;
+  TokenStreamerConfig o;
   o.capacity = 0;
   CHECK(message(o) == "TokenStreamer: capacity must be >= 1");
   o = {};
@@ -404,7 +404,7 @@ TEST_CASE("many consumers: every token is read exactly once, each reader in orde
   for (int consumers : {1, 2, 3, 7, 16}) {
     for (std::size_t coalesce : {std::size_t{1}, std::size_t{5}}) {
       const int n = 20000 / tailbatch::test::sanitizer_slowdown;
-      StreamConfig o;
+      TokenStreamerConfig o;
       o.capacity = static_cast<std::size_t>(n) + 1;
       o.coalesce_tokens = coalesce;
       auto s = std::make_shared<tailbatch::TokenStreamer<int>>(o);

@@ -4,7 +4,7 @@
 # generator's own ceiling against a trivial endpoint.
 #
 #   benchmarks/http_load/run.sh [BUILD_DIR] [SECONDS]
-#     BUILD_DIR  where examples/tailbatch-serve and examples/tailbatch-load are
+#     BUILD_DIR  where examples/tailbatch-serve and tools/cli/tailbatch-load are
 #                (default build/release; configure it with -DCMAKE_BUILD_TYPE=Release)
 #     SECONDS    seconds per row (default 8; the first second of each open-loop row is
 #                warm-up)
@@ -27,56 +27,11 @@ seconds=${2:-8}
 conns=${CONNS:-16}
 ceiling=${CEILING_RPS:-20000}
 server=$build/examples/tailbatch-serve
-load=$build/examples/tailbatch-load
-for tool in wrk curl python3; do
-  command -v "$tool" >/dev/null || { echo "run.sh needs $tool (scripts/deps.sh --test installs it)" >&2; exit 1; }
-done
-for b in "$server" "$load"; do
-  [[ -x $b ]] || { echo "no $b: build the tailbatch-serve and tailbatch-load targets first" >&2; exit 1; }
-done
-
-work=$(mktemp -d)
-pid=
-cleanup() {
-  [[ -n $pid ]] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
+load=$build/tools/cli/tailbatch-load
+[[ -x $load ]] || { echo "no $load: build the tailbatch-load target first" >&2; exit 1; }
+source benchmarks/support/serve.sh
 body='{"text": "a great, moving film with a brilliant script and superb acting"}'
-cat >"$work/post.lua" <<LUA
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '$body'
-LUA
 
-start_server() {
-  "$server" --port 0 "$@" >"$work/out" 2>"$work/err" &
-  pid=$!
-  for _ in $(seq 200); do
-    [[ -s $work/out ]] && break
-    sleep 0.05
-  done
-  port=$(sed -n 's/^listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$work/out" | head -1)
-  [[ -n $port ]] || { echo "server did not start:" >&2; cat "$work/err" >&2; exit 1; }
-  for _ in $(seq 400); do
-    [[ $(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/readyz") == 200 ]] && return
-    sleep 0.05
-  done
-  echo "server never became ready" >&2
-  exit 1
-}
-stop_server() {
-  kill -TERM "$pid"
-  wait "$pid" || true
-  pid=
-}
-to_ms() {  # "1.23ms", "830.00us", "1.20s" -> milliseconds
-  awk -v v="$1" 'BEGIN {u=v; gsub(/[0-9.]/, "", u); sub(/[a-z]+$/, "", v);
-    if (u == "us") v /= 1000; else if (u == "s") v *= 1000; else if (u == "m") v *= 60000; printf "%.2f", v}'
-}
-wrk_ms() {  # wrk's "99%  1.23ms" in milliseconds
-  to_ms "$(awk -v p="$1" '$1 == p {print $2; exit}' "$2")"
-}
 field() {  # field FILE python-expression-over-j
   python3 -c "import json,sys; j=json.loads(open(sys.argv[1]).read().splitlines()[-1]); print($2)" "$1"
 }

@@ -21,58 +21,12 @@ seconds=${2:-10}
 shift $(( $# > 2 ? 2 : $# )) || true
 conns=("$@")
 [[ ${#conns[@]} -eq 0 ]] && conns=(8 32 128)
-for tool in wrk curl python3; do
-  command -v "$tool" >/dev/null || { echo "run.sh needs $tool (scripts/deps.sh --test installs it)" >&2; exit 1; }
-done
-[[ -x $server ]] || { echo "no server at $server: build the tailbatch-serve target first" >&2; exit 1; }
-
-work=$(mktemp -d)
-pid=
-cleanup() {
-  [[ -n $pid ]] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-cat >"$work/post.lua" <<'EOF'
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"text": "a great, moving film with a brilliant script and superb acting"}'
-EOF
+source benchmarks/support/serve.sh
 
 clk_tck=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 stat_field() {  # stat_field PORT python-expression-over-j
   curl -s "http://127.0.0.1:$1/v1/stats" | python3 -c "import json,sys; j=json.load(sys.stdin); print($2)"
-}
-
-start_server() {
-  "$server" --port 0 "$@" ${SERVE_ARGS:-} >"$work/out" 2>"$work/err" &
-  pid=$!
-  for _ in $(seq 200); do
-    [[ -s $work/out ]] && break
-    sleep 0.05
-  done
-  port=$(sed -n 's/^listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$work/out" | head -1)
-  [[ -n $port ]] || { echo "server did not start:" >&2; cat "$work/err" >&2; exit 1; }
-  for _ in $(seq 400); do
-    [[ $(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/readyz") == 200 ]] && return
-    sleep 0.05
-  done
-  echo "server never became ready" >&2
-  exit 1
-}
-
-stop_server() {
-  kill -TERM "$pid"
-  wait "$pid" || { echo "server exited non-zero" >&2; exit 1; }
-  pid=
-}
-
-# wrk's latency lines read "50%  1.23ms"; print milliseconds.
-wrk_ms() {
-  awk -v p="$1" '$1 == p {v=$2; u=v; gsub(/[0-9.]/, "", u); sub(/[a-z]+$/, "", v);
-    if (u == "us") v /= 1000; else if (u == "s") v *= 1000; else if (u == "m") v *= 60000; printf "%.2f", v}' "$2"
 }
 
 printf '%-8s %6s %10s %9s %9s %9s %8s %10s %12s\n' batching conns "req/s" "p50 ms" "p90 ms" "p99 ms" non-2xx \

@@ -675,7 +675,7 @@ ref::ClassifierConfig classifier_config() { return ref::ClassifierConfig{}; }
 
 std::unique_ptr<ServerAdmission::Limiter> make_limiter(const Options& o, tb::MetricsRegistry& registry) {
   if (o.limit == 0) return nullptr;
-  tb::LimiterConfig lo;
+  tb::ConcurrencyLimiterConfig lo;
   lo.queue_capacity = 0;
   lo.metrics = &registry;
   lo.metric_labels = {{"route", "classify"}};

@@ -192,6 +192,8 @@ struct BatchFeedback {
   std::size_t lane = 0;         // the lane it ran on
   BatchTime started{};          // when the model call began
   bool failed = false;          // the model call threw
+  BatchTime closed{};           // when the policy closed the batch (its dispatch decision)
+  DispatchReason reason = DispatchReason::window;  // why it closed
 };
 
 // A policy that wants to know how each executed batch went. The Pipeline (and the

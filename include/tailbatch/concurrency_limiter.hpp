@@ -55,7 +55,7 @@ enum class QueueOrder : std::uint8_t {
 };
 
 // Limiter settings that do not belong to the limit algorithm.
-struct LimiterConfig {
+struct ConcurrencyLimiterConfig {
   QueueOrder queue_order = QueueOrder::fifo;
   // At most this many callers wait in acquire_for()/acquire_until() at once; more are
   // rejected with RejectReason::queue_full. Zero: no waiting at all (those calls behave like
@@ -76,12 +76,14 @@ struct LimiterConfig {
   MetricsRegistry* metrics = nullptr;
   Labels metric_labels{};
 };
+// The old name compiles, with a deprecation warning, until the next minor version (CHANGELOG.md).
+using LimiterConfig [[deprecated("renamed ConcurrencyLimiterConfig")]] = ConcurrencyLimiterConfig;
 
 // What a ConcurrencyLimiter has done and holds, read at one moment (stats()). The same
 // shape as PipelineStats and ContinuousBatcherStats: counters indexed by RejectReason and
 // read with count(). A snapshot: each field is read on its own with a relaxed load, so
 // under concurrent use they may disagree by the calls in transit.
-struct LimiterStats {
+struct ConcurrencyLimiterStats {
   std::array<std::uint64_t, 5> rejected_by_reason{};  // indexed by RejectReason
   std::uint32_t limit = 0;          // the limit in force (0 after shutdown())
   std::uint32_t max_limit = 0;      // the largest limit the algorithm can set
@@ -102,6 +104,8 @@ struct LimiterStats {
     return n;
   }
 };
+// The old name compiles, with a deprecation warning, until the next minor version (CHANGELOG.md).
+using LimiterStats [[deprecated("renamed ConcurrencyLimiterStats")]] = ConcurrencyLimiterStats;
 
 // Caps in-flight work at a limit chosen by Algorithm, reading time from C.
 //
@@ -112,7 +116,7 @@ struct LimiterStats {
 // error()/to_outcome() may throw std::bad_alloc. Blocking: only acquire_for(),
 // acquire_until() and shutdown() block (on the waiter mutex, and acquire_* until a permit or
 // the deadline). Allocation: once, at construction, for the sample windows of learning
-// algorithms (about 8 KiB) and, with LimiterConfig::metrics, to register metrics; never
+// algorithms (about 8 KiB) and, with ConcurrencyLimiterConfig::metrics, to register metrics; never
 // afterwards (Acquisition::error() and to_outcome() allocate a message when asked).
 //
 // Lifetime: the limiter must outlive its permits. Not copyable, not movable (permits point
@@ -266,7 +270,7 @@ class ConcurrencyLimiter {
   // A limiter starting at algorithm.limit(). Allocates the sample windows when the algorithm
   // learns, and registers metrics when config.metrics is set. Throws std::bad_alloc, and
   // std::invalid_argument for metric labels the registry refuses.
-  explicit ConcurrencyLimiter(Algorithm algorithm, LimiterConfig config = {}, C clock = C{})
+  explicit ConcurrencyLimiter(Algorithm algorithm, ConcurrencyLimiterConfig config = {}, C clock = C{})
       : config_(config), clock_(std::move(clock)), algorithm_(std::move(algorithm)) {
     max_limit_ = clamp_limit(algorithm_.max_limit());
     word_.store(pack(clamp_limit(algorithm_.limit()), 0), std::memory_order_relaxed);
@@ -422,10 +426,10 @@ class ConcurrencyLimiter {
   [[nodiscard]] std::uint64_t windows_closed() const noexcept {
     return windows_closed_.load(std::memory_order_relaxed);
   }
-  // Everything above in one snapshot (LimiterStats). Never blocks, never allocates.
+  // Everything above in one snapshot (ConcurrencyLimiterStats). Never blocks, never allocates.
   // Thread-safe.
-  [[nodiscard]] LimiterStats stats() const noexcept {
-    LimiterStats st;
+  [[nodiscard]] ConcurrencyLimiterStats stats() const noexcept {
+    ConcurrencyLimiterStats st;
     for (std::size_t i = 0; i < st.rejected_by_reason.size(); ++i) {
       st.rejected_by_reason[i] = rejections_[i].load(std::memory_order_relaxed);
     }
@@ -446,7 +450,7 @@ class ConcurrencyLimiter {
     return std::chrono::nanoseconds(retry_after_ns_.load(std::memory_order_relaxed));
   }
   // The configuration it was built with. Thread-safe.
-  [[nodiscard]] const LimiterConfig& config() const noexcept { return config_; }
+  [[nodiscard]] const ConcurrencyLimiterConfig& config() const noexcept { return config_; }
   [[nodiscard]] const C& clock() const noexcept { return clock_; }
 
   // Calls f(const Algorithm&) while no window can close, and returns its result: a
@@ -704,7 +708,7 @@ class ConcurrencyLimiter {
     if (next > (before >> 32) && (before & kWaitersFlag) != 0) grant_waiters();
   }
 
-  LimiterConfig config_;
+  ConcurrencyLimiterConfig config_;
   [[no_unique_address]] C clock_;
   std::uint32_t max_limit_ = 0;
 

@@ -118,7 +118,7 @@ struct ContinuousBatcherConfig {
   // How long shutdown() lets active sequences finish before it cancels them. Must be >= 0.
   std::chrono::nanoseconds drain_timeout{std::chrono::seconds(10)};
   // Stream options for requests that do not bring their own.
-  StreamConfig stream{};
+  TokenStreamerConfig stream{};
   // The decode thread, started by the constructor. Unset: the default for the clock, 1
   // with SteadyClock, 0 with any other. 0: no thread, the caller drives poll(). At most 1
   // (std::invalid_argument "workers" otherwise). The decode thread only waits for work,
@@ -132,7 +132,7 @@ struct ContinuousBatcherConfig {
   Labels metric_labels{};
 };
 
-// What one ContinuousBatcher::poll() did (the counterpart of the Pipeline's PollResult).
+// What one ContinuousBatcher::poll() did (the counterpart of the Pipeline's PipelinePollResult).
 struct ContinuousBatcherPollResult {
   std::size_t admitted = 0;     // sequences moved from waiting to active
   std::size_t scheduled = 0;    // sequences handed to step()
@@ -244,7 +244,7 @@ class ContinuousBatcher {
     // retired at the next step boundary with Status::deadline_exceeded (the tokens already
     // emitted stay delivered), and one still waiting is dropped. time_point::max(): none.
     time_point completion_deadline = time_point::max();
-    std::optional<StreamConfig> stream;  // default: the config's
+    std::optional<TokenStreamerConfig> stream;  // default: the config's
   };
 
   // One sequence as the step function sees it. Valid only during the step() call.
@@ -498,7 +498,7 @@ class ContinuousBatcher {
   };
 
   std::shared_ptr<Stream> submit_impl(Request request, const SubmitOptions& options, StreamCallbacks<Token> callbacks) {
-    const StreamConfig stream_options = request.stream ? *request.stream : config_.stream;
+    const TokenStreamerConfig stream_options = request.stream ? *request.stream : config_.stream;
     auto stream = std::make_shared<Stream>(stream_options, std::move(callbacks), clock_, options.cancel,
                                            metrics_.streams_ptr());
     submitted_.fetch_add(1, std::memory_order_relaxed);

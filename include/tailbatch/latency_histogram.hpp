@@ -42,19 +42,21 @@ namespace tailbatch {
 // The range and precision of a histogram. Values below `lowest` are recorded as `lowest`
 // and counted in underflow_count(); values above `highest` as `highest`, counted in
 // overflow_count(). A plain aggregate: copyable, comparable.
-struct HistogramConfig {
+struct LatencyHistogramConfig {
   std::chrono::nanoseconds lowest{std::chrono::microseconds(1)};  // smallest distinguishable value
   std::chrono::nanoseconds highest{std::chrono::seconds(100)};    // largest trackable value
   int significant_digits = 2;  // 2: every percentile within 1 % relative; 3: within 0.1 %
 
-  friend bool operator==(const HistogramConfig&, const HistogramConfig&) = default;
+  friend bool operator==(const LatencyHistogramConfig&, const LatencyHistogramConfig&) = default;
 };
+// The old name compiles, with a deprecation warning, until the next minor version (CHANGELOG.md).
+using HistogramConfig [[deprecated("renamed LatencyHistogramConfig")]] = LatencyHistogramConfig;
 
 namespace detail {
 
 // Validates options and builds their layout. Throws std::invalid_argument naming the field,
 // prefixed by `who`.
-inline HistogramLayout histogram_layout_for(const HistogramConfig& o, const char* who) {
+inline HistogramLayout histogram_layout_for(const LatencyHistogramConfig& o, const char* who) {
   const auto fail = [who](const char* what) {
     throw_invalid_argument((std::string(who) + ": " + what).c_str());
   };
@@ -69,11 +71,11 @@ inline HistogramLayout histogram_layout_for(const HistogramConfig& o, const char
                          HistogramLayout::bits_for_digits(o.significant_digits));
 }
 
-// The layout of HistogramConfig{}, for snapshots built without options.
+// The layout of LatencyHistogramConfig{}, for snapshots built without options.
 inline constexpr HistogramLayout histogram_default_layout{
-    static_cast<std::uint64_t>(std::chrono::nanoseconds(HistogramConfig{}.lowest).count()),
-    static_cast<std::uint64_t>(std::chrono::nanoseconds(HistogramConfig{}.highest).count()),
-    HistogramLayout::bits_for_digits(HistogramConfig{}.significant_digits)};
+    static_cast<std::uint64_t>(std::chrono::nanoseconds(LatencyHistogramConfig{}.lowest).count()),
+    static_cast<std::uint64_t>(std::chrono::nanoseconds(LatencyHistogramConfig{}.highest).count()),
+    HistogramLayout::bits_for_digits(LatencyHistogramConfig{}.significant_digits)};
 
 // Any duration to whole nanoseconds, saturating: negative, zero and NaN give 0 (recorded
 // as an underflow), anything beyond 2^64-1 ns gives 2^64-1 (an overflow).
@@ -120,7 +122,7 @@ class HistogramSnapshot {
 
   // An empty snapshot with these options, to merge others into. Does not allocate.
   // Throws std::invalid_argument naming the bad field. Not thread-safe: a value type.
-  explicit HistogramSnapshot(HistogramConfig options)
+  explicit HistogramSnapshot(LatencyHistogramConfig options)
       : options_(options),
         layout_(detail::histogram_layout_for(options, "HistogramSnapshot")),
         adopt_options_(false) {}
@@ -220,7 +222,7 @@ class HistogramSnapshot {
   }
 
   // The options this snapshot was taken with. Not thread-safe: a value type.
-  [[nodiscard]] const HistogramConfig& config() const noexcept { return options_; }
+  [[nodiscard]] const LatencyHistogramConfig& config() const noexcept { return options_; }
 
   // The worst relative error of any reported percentile: 1/(2M) (see the top of the file).
   // Not thread-safe: a value type.
@@ -263,7 +265,7 @@ class HistogramSnapshot {
     overflow_ += overflow;
   }
 
-  HistogramConfig options_{};
+  LatencyHistogramConfig options_{};
   detail::HistogramLayout layout_ = detail::histogram_default_layout;
   bool adopt_options_ = true;  // default-constructed and never merged into: takes the first other's options
   std::vector<std::uint64_t> counts_;  // empty until the first merge: all zero
@@ -298,7 +300,7 @@ class LatencyHistogram {
   // Builds an empty histogram. Allocates the core (about two shards' worth: a fallback
   // shard and the reset baseline). Throws std::invalid_argument naming the bad field of
   // options, or std::bad_alloc.
-  explicit LatencyHistogram(HistogramConfig options = {})
+  explicit LatencyHistogram(LatencyHistogramConfig options = {})
       : options_(options),
         layout_(detail::histogram_layout_for(options, "LatencyHistogram")),
         core_(std::make_shared<detail::HistogramCore>(layout_)),
@@ -307,7 +309,7 @@ class LatencyHistogram {
   LatencyHistogram(const LatencyHistogram&) = delete;
   LatencyHistogram& operator=(const LatencyHistogram&) = delete;
 
-  // Records one value; see HistogramConfig for clamping. Negative and NaN durations count
+  // Records one value; see LatencyHistogramConfig for clamping. Negative and NaN durations count
   // as underflows. Lock-free and allocation-free except on a thread's first record into
   // this histogram (see the class comment); on allocation failure it records under the
   // mutex instead. Never fails. Thread-safe.
@@ -392,7 +394,7 @@ class LatencyHistogram {
   void reset() noexcept { core_->reset(); }
 
   // The options given at construction. Thread-safe.
-  [[nodiscard]] const HistogramConfig& config() const noexcept { return options_; }
+  [[nodiscard]] const LatencyHistogramConfig& config() const noexcept { return options_; }
 
   // Heap bytes of one recording thread's shard (header + counters): 13,696 at the default
   // options. Thread-safe.
@@ -431,7 +433,7 @@ class LatencyHistogram {
     }
   }
 
-  const HistogramConfig options_;
+  const LatencyHistogramConfig options_;
   const detail::HistogramLayout layout_;
   const std::shared_ptr<detail::HistogramCore> core_;
   const void* const key_;
@@ -454,7 +456,7 @@ class RollingHistogram {
   // slots times it). Allocates every slot. Throws std::invalid_argument naming the bad
   // field (window > 0, 1 <= slots <= 1000, window >= slots ns, and options as
   // LatencyHistogram).
-  RollingHistogram(std::chrono::nanoseconds window, int slots = 10, HistogramConfig options = {},
+  RollingHistogram(std::chrono::nanoseconds window, int slots = 10, LatencyHistogramConfig options = {},
                    C clock = C{})
       : options_(validate(window, slots, options)),
         step_(window / slots),
@@ -506,18 +508,18 @@ class RollingHistogram {
   // Number of slots. Thread-safe.
   [[nodiscard]] int slots() const noexcept { return static_cast<int>(slots_.size()); }
   // The options of every slot. Thread-safe.
-  [[nodiscard]] const HistogramConfig& config() const noexcept { return options_; }
+  [[nodiscard]] const LatencyHistogramConfig& config() const noexcept { return options_; }
 
  private:
   static constexpr std::int64_t never = std::numeric_limits<std::int64_t>::min();
 
   struct Slot {
-    explicit Slot(const HistogramConfig& o) : histogram(o) {}
+    explicit Slot(const LatencyHistogramConfig& o) : histogram(o) {}
     std::atomic<std::int64_t> epoch{never};
     LatencyHistogram histogram;
   };
 
-  static HistogramConfig validate(std::chrono::nanoseconds window, int slots, const HistogramConfig& o) {
+  static LatencyHistogramConfig validate(std::chrono::nanoseconds window, int slots, const LatencyHistogramConfig& o) {
     if (window.count() <= 0) detail::throw_invalid_argument("RollingHistogram: window must be > 0");
     if (slots < 1 || slots > 1000) detail::throw_invalid_argument("RollingHistogram: slots must be in [1, 1000]");
     if (window.count() < slots) detail::throw_invalid_argument("RollingHistogram: window must be >= slots nanoseconds");
@@ -546,7 +548,7 @@ class RollingHistogram {
     }
   }
 
-  const HistogramConfig options_;
+  const LatencyHistogramConfig options_;
   const std::chrono::nanoseconds step_;
   C clock_;
   typename C::time_point origin_;

@@ -206,7 +206,7 @@ class StaticLimit {
 
 // AIMD parameters. Defaults in brackets are Netflix concurrency-limits' AIMDLimit (which has
 // no latency target and updates on every sample unless wrapped in a WindowedLimit).
-struct AimdConfig {
+struct AimdLimitConfig {
   std::uint32_t initial_limit = 20;  // [20]
   std::uint32_t min_limit = 1;       // [20]
   std::uint32_t max_limit = 200;     // [200]
@@ -227,6 +227,8 @@ struct AimdConfig {
   std::chrono::nanoseconds window = std::chrono::milliseconds(250);
   std::uint32_t min_window_samples = 10;
 };
+// The old name compiles, with a deprecation warning, until the next minor version (CHANGELOG.md).
+using AimdConfig [[deprecated("renamed AimdLimitConfig")]] = AimdLimitConfig;
 
 // Additive increase, multiplicative decrease, once per window: the classic TCP saw-tooth.
 // Copyable; not thread-safe (owned by one limiter).
@@ -235,7 +237,7 @@ class AimdLimit {
   static constexpr bool learns = true;
 
   // Throws std::invalid_argument naming the first bad field.
-  explicit AimdLimit(AimdConfig config = {}) : config_(config), limit_(config.initial_limit) {
+  explicit AimdLimit(AimdLimitConfig config = {}) : config_(config), limit_(config.initial_limit) {
     const auto& c = config_;
     if (c.min_limit < 1) detail::throw_invalid_argument("AimdLimit: min_limit must be >= 1");
     if (c.max_limit > kMaxConcurrencyLimit)
@@ -261,7 +263,7 @@ class AimdLimit {
 
   [[nodiscard]] std::uint32_t limit() const noexcept { return limit_; }
   [[nodiscard]] std::uint32_t max_limit() const noexcept { return config_.max_limit; }
-  [[nodiscard]] const AimdConfig& config() const noexcept { return config_; }
+  [[nodiscard]] const AimdLimitConfig& config() const noexcept { return config_; }
   [[nodiscard]] WindowSpec next_window() const noexcept {
     return {config_.window, config_.min_window_samples, false};
   }
@@ -285,7 +287,7 @@ class AimdLimit {
   }
 
  private:
-  AimdConfig config_;
+  AimdLimitConfig config_;
   std::uint32_t limit_;
 };
 
@@ -294,7 +296,7 @@ class AimdLimit {
 
 // Gradient parameters. In brackets: Netflix Gradient2Limit's default; Envoy adaptive
 // concurrency gradient controller's default.
-struct GradientConfig {
+struct GradientLimitConfig {
   std::uint32_t initial_limit = 20;  // [20; Envoy starts at min_concurrency = 3]
   std::uint32_t min_limit = 3;       // [20; 3 (min_concurrency / min_concurrency_limit)]
   std::uint32_t max_limit = 1000;    // [200; 1000 (max_concurrency_limit)]
@@ -336,6 +338,8 @@ struct GradientConfig {
   // tests for a deterministic schedule.
   std::optional<std::uint64_t> seed;
 };
+// The old name compiles, with a deprecation warning, until the next minor version (CHANGELOG.md).
+using GradientConfig [[deprecated("renamed GradientLimitConfig")]] = GradientLimitConfig;
 
 // A latency-gradient limit: grows while the RTT stays near the measured minimum, shrinks as
 // queueing inflates it. Copyable; not thread-safe (owned by one limiter).
@@ -346,7 +350,7 @@ class GradientLimit {
 
   // Starts with a min-RTT probe (nothing is known yet). Throws std::invalid_argument naming
   // the first bad field.
-  explicit GradientLimit(GradientConfig config = {}) : config_(config) {
+  explicit GradientLimit(GradientLimitConfig config = {}) : config_(config) {
     const auto& c = config_;
     auto bad = [](const char* what) { detail::throw_invalid_argument(what); };
     if (c.min_limit < 1) bad("GradientLimit: min_limit must be >= 1");
@@ -388,7 +392,7 @@ class GradientLimit {
     return static_cast<std::uint32_t>(estimate_);
   }
   [[nodiscard]] std::uint32_t max_limit() const noexcept { return config_.max_limit; }
-  [[nodiscard]] const GradientConfig& config() const noexcept { return config_; }
+  [[nodiscard]] const GradientLimitConfig& config() const noexcept { return config_; }
   [[nodiscard]] WindowSpec next_window() const noexcept {
     if (probing_) return {std::chrono::nanoseconds{0}, config_.probe_samples, true};
     return {config_.window, config_.min_window_samples, false};
@@ -472,7 +476,7 @@ class GradientLimit {
     return static_cast<double>(z >> 11) * 0x1.0p-53;
   }
 
-  GradientConfig config_;
+  GradientLimitConfig config_;
   double estimate_ = 1.0;
   double saved_estimate_ = 1.0;
   double gradient_ = 1.0;

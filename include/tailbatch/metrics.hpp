@@ -176,7 +176,7 @@ class WindowedHistogram final : public detail::WindowedSource {
   // RollingHistogram, whose arguments these are). Allocates every slot. Throws
   // std::invalid_argument naming the bad field.
   explicit WindowedHistogram(std::chrono::nanoseconds window, int slots = 10,
-                             HistogramConfig options = {}, C clock = C{})
+                             LatencyHistogramConfig options = {}, C clock = C{})
       : rolling_(window, slots, options, std::move(clock)), requested_window_(window) {}
 
   // Records one value into the window and the totals (a negative or NaN duration counts
@@ -214,7 +214,7 @@ class WindowedHistogram final : public detail::WindowedSource {
   // Number of slots. Thread-safe.
   [[nodiscard]] int slots() const noexcept { return rolling_.slots(); }
   // The options of every slot. Thread-safe.
-  [[nodiscard]] const HistogramConfig& config() const noexcept { return rolling_.config(); }
+  [[nodiscard]] const LatencyHistogramConfig& config() const noexcept { return rolling_.config(); }
 
  private:
   HistogramSnapshot window_snapshot() const override { return snapshot(); }
@@ -377,8 +377,8 @@ struct MetricsState {
 #endif
 }
 
-[[nodiscard]] inline bool same_histogram_options(const HistogramConfig& a,
-                                                 const HistogramConfig& b) noexcept {
+[[nodiscard]] inline bool same_histogram_options(const LatencyHistogramConfig& a,
+                                                 const LatencyHistogramConfig& b) noexcept {
   return a.lowest == b.lowest && a.highest == b.highest &&
          a.significant_digits == b.significant_digits;
 }
@@ -463,7 +463,7 @@ class MetricsRegistry {
   // as a windowed histogram, or when options are invalid (from LatencyHistogram).
   // Otherwise as counter(). Thread-safe.
   LatencyHistogram& histogram(std::string_view name, std::string_view help, Labels labels = {},
-                              HistogramConfig options = {}) {
+                              LatencyHistogramConfig options = {}) {
     auto prepared = prepare(detail::MetricKind::summary, name, help, std::move(labels));
     {
       std::unique_lock lock(state_->mutex);
@@ -493,7 +493,7 @@ class MetricsRegistry {
   template <Clock C = SteadyClock>
   WindowedHistogram<C>& windowed_histogram(std::string_view name, std::string_view help,
                                            Labels labels, std::chrono::nanoseconds window,
-                                           int slots = 10, HistogramConfig options = {},
+                                           int slots = 10, LatencyHistogramConfig options = {},
                                            C clock = C{}) {
     auto prepared = prepare(detail::MetricKind::summary, name, help, std::move(labels));
     const auto existing = [&](detail::MetricSeries& s) -> WindowedHistogram<C>& {
@@ -507,7 +507,7 @@ class MetricsRegistry {
       if (w.window() != window || w.slots() != slots ||
           !detail::same_histogram_options(w.config(), options)) {
         fail(name, prepared.key,
-             "is already registered with a different window, slot count or HistogramConfig");
+             "is already registered with a different window, slot count or LatencyHistogramConfig");
       }
       return w;
     };
@@ -821,10 +821,10 @@ class MetricsRegistry {
 
   static LatencyHistogram& existing_histogram(detail::MetricSeries& s, std::string_view name,
                                               const std::string& key,
-                                              const HistogramConfig& options) {
+                                              const LatencyHistogramConfig& options) {
     if (!s.histogram) fail(name, key, "is already registered as a windowed histogram");
     if (!detail::same_histogram_options(s.histogram->config(), options)) {
-      fail(name, key, "is already registered with different HistogramConfig");
+      fail(name, key, "is already registered with different LatencyHistogramConfig");
     }
     return *s.histogram;
   }

@@ -238,10 +238,12 @@ struct OccupancyWindow {
 }
 
 // What one poll() did.
-struct PollResult {
+struct PipelinePollResult {
   std::size_t batches = 0;                 // batches formed and run by this call
   BatchTime next_due = BatchTime::max();   // when a batch may next be due without new arrivals
 };
+// The old name compiles, with a deprecation warning, until the next minor version (CHANGELOG.md).
+using PollResult [[deprecated("renamed PipelinePollResult")]] = PipelinePollResult;
 
 namespace detail {
 
@@ -377,8 +379,8 @@ class Pipeline {
   // cancelled or past their deadline complete here too. Returns at once with nothing
   // done in a Pipeline that has worker threads. Blocks while the model runs; the model
   // and the completions run in this thread. Thread-safe (calls take turns).
-  PollResult poll(std::size_t max_batches = std::numeric_limits<std::size_t>::max()) {
-    PollResult result;
+  PipelinePollResult poll(std::size_t max_batches = std::numeric_limits<std::size_t>::max()) {
+    PipelinePollResult result;
     if (threaded_) return result;
     for (;;) {
       if (result.batches >= max_batches) {
@@ -1179,7 +1181,7 @@ class Pipeline {
           });
       end = clock_.now();
       if constexpr (BatchFeedbackPolicy<Policy>) {
-        policy_.on_batch_executed(BatchFeedback{n, b.padded, elapsed(start, end), lane_index, start, threw});
+        policy_.on_batch_executed(BatchFeedback{n, b.padded, elapsed(start, end), lane_index, start, threw, b.formed, b.reason});
       }
     }
     // The lane is free before the completions run.

@@ -112,7 +112,7 @@ struct ResultCacheConfig {
 };
 
 // Counts since construction (exact once no call is in progress).
-struct CacheStats {
+struct ResultCacheStats {
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;      // looked up and not found (submit: sent to the Pipeline)
   std::uint64_t coalesced = 0;   // joined an identical request in flight
@@ -131,6 +131,8 @@ struct CacheStats {
     return n == 0 ? 0.0 : static_cast<double>(hits) / static_cast<double>(n);
   }
 };
+// The old name compiles, with a deprecation warning, until the next minor version (CHANGELOG.md).
+using CacheStats [[deprecated("renamed ResultCacheStats")]] = ResultCacheStats;
 
 namespace detail {
 
@@ -467,8 +469,8 @@ class ResultCache {
 
   // Counts since construction and the current size. Takes each shard's lock in turn;
   // never allocates. Thread-safe.
-  [[nodiscard]] CacheStats stats() const noexcept {
-    CacheStats st;
+  [[nodiscard]] ResultCacheStats stats() const noexcept {
+    ResultCacheStats st;
     for (std::size_t i = 0; i < shard_count_; ++i) {
       const Shard& s = shards_[i];
       std::lock_guard lock(s.mu);

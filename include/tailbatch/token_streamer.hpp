@@ -52,7 +52,7 @@
 namespace tailbatch {
 
 // How a stream delivers its tokens. Plain values: copy freely.
-struct StreamConfig {
+struct TokenStreamerConfig {
   // Most tokens held that the consumer has not read yet (pull mode). A push beyond it
   // closes the stream with Status::cancelled (see the slow-consumer policy above).
   // Must be >= 1 and >= coalesce_tokens.
@@ -77,6 +77,8 @@ struct StreamConfig {
     if (coalesce_interval < std::chrono::nanoseconds::zero()) fail("coalesce_interval must be >= 0");
   }
 };
+// The old name compiles, with a deprecation warning, until the next minor version (CHANGELOG.md).
+using StreamConfig [[deprecated("renamed TokenStreamerConfig")]] = TokenStreamerConfig;
 
 // How a stream ended. `tokens` counts every token pushed (delivered or still buffered).
 struct StreamEnd {
@@ -164,7 +166,7 @@ class TokenStreamer {
   // A pull-mode stream. The stream's start (for time to first token) is clock.now().
   // cancel: a token whose stop request cancels the stream like cancel() does. metrics: may
   // be null. Throws std::invalid_argument naming a bad field of options. Allocates.
-  explicit TokenStreamer(StreamConfig options = {}, C clock = C{}, CancellationToken cancel = {},
+  explicit TokenStreamer(TokenStreamerConfig options = {}, C clock = C{}, CancellationToken cancel = {},
                          const StreamMetrics* metrics = nullptr)
       : TokenStreamer(std::move(options), StreamCallbacks<Token>{}, std::move(clock),
                       std::move(cancel), metrics) {}
@@ -172,7 +174,7 @@ class TokenStreamer {
   // A callback-mode stream (when callbacks.on_tokens or on_end is set): tokens are handed to
   // the callbacks on the producer's thread and never buffered beyond the coalescing group;
   // the pull methods then see no tokens. Throws std::invalid_argument naming a bad field.
-  TokenStreamer(StreamConfig options, StreamCallbacks<Token> callbacks, C clock = C{},
+  TokenStreamer(TokenStreamerConfig options, StreamCallbacks<Token> callbacks, C clock = C{},
                 CancellationToken cancel = {}, const StreamMetrics* metrics = nullptr)
       : options_(validated(std::move(options))),
         callbacks_(std::move(callbacks)),
@@ -364,12 +366,12 @@ class TokenStreamer {
   }
 
   // The options it was built with. Thread-safe.
-  [[nodiscard]] const StreamConfig& config() const noexcept { return options_; }
+  [[nodiscard]] const TokenStreamerConfig& config() const noexcept { return options_; }
   // True if tokens go to callbacks rather than to pull-mode readers. Thread-safe.
   [[nodiscard]] bool callback_mode() const noexcept { return callback_mode_; }
 
  private:
-  static StreamConfig validated(StreamConfig o) {
+  static TokenStreamerConfig validated(TokenStreamerConfig o) {
     o.validate();
     return o;
   }
@@ -542,7 +544,7 @@ class TokenStreamer {
     return n;
   }
 
-  const StreamConfig options_;
+  const TokenStreamerConfig options_;
   const StreamCallbacks<Token> callbacks_;
   const bool callback_mode_;
   C clock_;

@@ -248,7 +248,7 @@ WarmupReport warmup(P& pipeline, std::span<const typename P::Request> samples, W
   // stuck (nothing due and nothing done).
   auto drive = [&](std::size_t target) {
     while (done_count() < target) {
-      const PollResult r = pipeline.poll();
+      const PipelinePollResult r = pipeline.poll();
       if (done_count() >= target) break;
       if (r.batches > 0) continue;
       if (r.next_due == BatchTime::max()) return false;

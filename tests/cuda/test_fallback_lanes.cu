@@ -26,7 +26,7 @@ using namespace std::chrono_literals;
 using tailbatch::FixedWindow;
 using tailbatch::MetricsRegistry;
 using tailbatch::Pipeline;
-using tailbatch::cuda::ClassifierModel;
+using tailbatch::cuda::DeviceClassifierModel;
 using tailbatch::cuda::CudaError;
 using tailbatch::cuda::DeviceClassifier;
 using tailbatch::cuda::FallbackLanes;
@@ -46,7 +46,7 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 void check_pipeline(FallbackLanes& lanes, const Classifier& clf) {
   std::optional<DeviceClassifier> gpu;
   if (lanes.on_device()) gpu.emplace(clf, lanes.stream_pool()->device_info().device);
-  const ClassifierModel model(clf, gpu ? &*gpu : nullptr);
+  const DeviceClassifierModel model(clf, gpu ? &*gpu : nullptr);
   Pipeline<std::string, Prediction, FixedWindow, FallbackLanes> pipeline(model, FixedWindow(8, 1ms), {}, lanes);
   const std::vector<std::string> texts = {"a great, moving film", "awful, boring plot", "The package arrived on Tuesday.",
                                           "superb", "dull dull dull", "", "the the the", "a moving, awful film"};

@@ -22,7 +22,7 @@ int main() {
   tailbatch::MetricsRegistry registry;
   const tailbatch::Labels labels{{"pipeline", "classify"}};
 
-  tailbatch::LimiterConfig lo;
+  tailbatch::ConcurrencyLimiterConfig lo;
   lo.metrics = &registry;
   lo.metric_labels = {{"route", "classify"}};
   using Limiter = tailbatch::ConcurrencyLimiter<tailbatch::GradientLimit>;

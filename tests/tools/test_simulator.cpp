@@ -177,14 +177,14 @@ TEST_CASE("The same limiter type: a static cap bounds in-flight work and sheds t
 
 TEST_CASE("A learning limiter reads simulated time and adapts to it", "[simulator][limiter]") {
   SimulationConfig c = example1(1200.0, 30s);
-  tailbatch::AimdConfig ac;
+  tailbatch::AimdLimitConfig ac;
   ac.initial_limit = 200;
   ac.min_limit = 16;
   ac.max_limit = 400;
   ac.latency_target = 100ms;
   ac.window = 500ms;
   tailbatch::ConcurrencyLimiter<tailbatch::AimdLimit, tailbatch::ManualClock> limiter(
-      tailbatch::AimdLimit(ac), tailbatch::LimiterConfig{}, c.clock);
+      tailbatch::AimdLimit(ac), tailbatch::ConcurrencyLimiterConfig{}, c.clock);
   const auto r = tailbatch::simulate(c, FixedWindow(8, 8ms), limiter);
   CHECK(limiter.windows_closed() > 10);  // windows of simulated time
   CHECK(limiter.limit() < 200);          // backed off from the initial limit under overload

@@ -274,7 +274,7 @@ class HttpClient {
   // Runs on the I/O thread only; so do all the following.
   void reset_counts() {
     counts_ = HttpCounts{};
-    tailbatch::HistogramConfig ho;
+    tailbatch::LatencyHistogramConfig ho;
     from_send_.emplace(ho);
     dispatch_lag_.emplace(ho);
     write_lag_.emplace(ho);
@@ -484,7 +484,7 @@ struct CommonRun {
   return std::make_pair(*batches, *batched);
 }
 
-namespace detail {
+namespace tools::detail {
 
 inline double ms(std::chrono::nanoseconds d) { return std::chrono::duration<double, std::milli>(d).count(); }
 inline double pct_ms(const tailbatch::HistogramSnapshot& s, double p) {
@@ -574,7 +574,7 @@ inline std::string http_table_row(double offered, const HttpCounts& c, std::opti
   return buf;
 }
 
-}  // namespace detail
+}  // namespace tools::detail
 
 // Reads --body / --body-file into the bodies to cycle. Throws std::invalid_argument naming
 // the flag when the file cannot be read or is empty. Allocates. Thread-safe.
@@ -665,7 +665,7 @@ inline std::string http_table_row(double offered, const HttpCounts& c, std::opti
       tailbatch::SweepPoint p;
       p.offered_rps = rates[i];
       p.result = std::move(r);
-      p.verdict = tailbatch::detail::sweep_verdict(p.result, o.slo_p95_ms, sweep.max_error_rate, p.meets_slo);
+      p.verdict = tailbatch::tools::detail::sweep_verdict(p.result, o.slo_p95_ms, sweep.max_error_rate, p.meets_slo);
       if (p.meets_slo && all_ok) sweep.saturation = i;
       if (!p.meets_slo) all_ok = false;
       sweep.points.push_back(std::move(p));
@@ -675,12 +675,12 @@ inline std::string http_table_row(double offered, const HttpCounts& c, std::opti
       if (i + 1 < rates.size()) std::this_thread::sleep_for(milliseconds(200));
     }
     std::fprintf(table_out, "%s\n\n%s\n%s", sub.c_str(), tailbatch::format_sweep_table(sweep).c_str(),
-                 detail::http_table_header().c_str());
+                 tools::detail::http_table_header().c_str());
     for (std::size_t i = 0; i < sweep.points.size(); ++i)
-      std::fputs(detail::http_table_row(sweep.points[i].offered_rps, counts[i], batches[i]).c_str(), table_out);
+      std::fputs(tools::detail::http_table_row(sweep.points[i].offered_rps, counts[i], batches[i]).c_str(), table_out);
     if (o.json) {
       for (std::size_t i = 0; i < sweep.points.size(); ++i)
-        std::printf("%s\n", detail::run_json(h.url, sweep.points[i].offered_rps, sweep.points[i].result, counts[i],
+        std::printf("%s\n", tools::detail::run_json(h.url, sweep.points[i].offered_rps, sweep.points[i].result, counts[i],
                                              batches[i], sweep.points[i].meets_slo,
                                              sweep.saturation && *sweep.saturation == i)
                                 .c_str());
@@ -704,11 +704,11 @@ inline std::string http_table_row(double offered, const HttpCounts& c, std::opti
     lo.warmup = from_s(o.warmup_s) < lo.profile.duration() ? from_s(o.warmup_s) : nanoseconds(0);
     auto [r, c, mb] = one_run(lo);
     bool meets = false;
-    const std::string verdict = tailbatch::detail::sweep_verdict(r, o.slo_p95_ms, 0.01, meets);
+    const std::string verdict = tailbatch::tools::detail::sweep_verdict(r, o.slo_p95_ms, 0.01, meets);
     std::fprintf(table_out, "%s\n\n%s%s\n%s%s", sub.c_str(), tailbatch::format_load_result(r).c_str(),
-                 ("verdict: " + verdict).c_str(), detail::http_table_header().c_str(),
-                 detail::http_table_row(r.offered_rps, c, mb).c_str());
-    if (o.json) std::printf("%s\n", detail::run_json(h.url, r.offered_rps, r, c, mb, meets, std::nullopt).c_str());
+                 ("verdict: " + verdict).c_str(), tools::detail::http_table_header().c_str(),
+                 tools::detail::http_table_row(r.offered_rps, c, mb).c_str());
+    if (o.json) std::printf("%s\n", tools::detail::run_json(h.url, r.offered_rps, r, c, mb, meets, std::nullopt).c_str());
     const std::string over = (std::filesystem::path(o.out) / "p95_over_time.svg").string();
     tailbatch::write_svg(over, tailbatch::latency_over_time_plot(r, o.slo_p95_ms, "Latency over time (HTTP)", sub));
     written.push_back(over);

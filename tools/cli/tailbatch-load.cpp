@@ -337,7 +337,7 @@ int run_simulated(const Options& o) {
       tailbatch::SweepPoint p;
       p.offered_rps = rates[i];
       p.result = as_load_result(sim);
-      p.verdict = tailbatch::detail::sweep_verdict(p.result, o.slo_p95_ms, 0.01, p.meets_slo);
+      p.verdict = tailbatch::tools::detail::sweep_verdict(p.result, o.slo_p95_ms, 0.01, p.meets_slo);
       p.verdict += fmt::format(" (mean batch {:.1f})", sim.mean_batch_size);
       if (o.policy == "best-static") p.verdict += fmt::format(" [window {} ms, max_batch {}]", rec.window_ms, rec.max_batch);
       sweep.points.push_back(std::move(p));
@@ -416,7 +416,7 @@ int run(const Options& o, PipelineT& pipeline) {
       tailbatch::SweepPoint p;
       p.offered_rps = rates[i];
       p.result = tailbatch::run_load(one, target);
-      p.verdict = tailbatch::detail::sweep_verdict(p.result, o.slo_p95_ms, 0.01, p.meets_slo);
+      p.verdict = tailbatch::tools::detail::sweep_verdict(p.result, o.slo_p95_ms, 0.01, p.meets_slo);
       if (o.json) fmt::print("{}\n", to_json(record_of(p.result, o.policy, o.window_ms, o.max_batch, mean_batch_since(before))));
       const bool met = p.meets_slo;
       sweep.points.push_back(std::move(p));

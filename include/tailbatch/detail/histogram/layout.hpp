@@ -28,7 +28,7 @@ class HistogramLayout {
   constexpr HistogramLayout() noexcept = default;
 
   // lowest >= 1, highest >= 2 * lowest, highest <= max_highest_ns, 1 <= bits <= 16; the
-  // caller (HistogramConfig validation) checks these.
+  // caller (LatencyHistogramConfig validation) checks these.
   constexpr HistogramLayout(std::uint64_t lowest, std::uint64_t highest, int bits) noexcept
       : lowest_(lowest),
         highest_(highest),

@@ -129,7 +129,7 @@ struct FleetConfig {
   std::chrono::nanoseconds slo_p95{0};
   std::chrono::nanoseconds timeline_step = std::chrono::seconds(1);
   std::uint64_t max_requests = 50'000'000;
-  HistogramConfig histogram{};
+  LatencyHistogramConfig histogram{};
 };
 
 // One step of the timeline.
@@ -166,7 +166,7 @@ struct FleetResult {
   std::chrono::nanoseconds simulated{0};  // until the last request completed
 };
 
-namespace detail {
+namespace tools::detail {
 
 template <BatchPolicy Policy>
 struct FleetReplica {
@@ -209,7 +209,7 @@ struct FleetFinish {
   return std::chrono::nanoseconds(v[idx]);
 }
 
-}  // namespace detail
+}  // namespace tools::detail
 
 // Runs the fleet: config.arrivals through a load balancer onto replicas each running a
 // copy of `policy`, scaled by config.scaling_policy, until every request has completed.
@@ -221,7 +221,7 @@ template <BatchPolicy Policy>
   requires std::copy_constructible<Policy>
 [[nodiscard]] FleetResult simulate_fleet(const FleetConfig& config, const Policy& policy) {
   using namespace std::chrono;
-  using Replica = detail::FleetReplica<Policy>;
+  using Replica = tools::detail::FleetReplica<Policy>;
   using State = typename Replica::State;
   if (!config.service_time) detail::throw_invalid_argument("FleetConfig: service_time must be set");
   if (config.lanes < 1) detail::throw_invalid_argument("FleetConfig: lanes must be >= 1");
@@ -254,7 +254,7 @@ template <BatchPolicy Policy>
   LatencyHistogram hist(config.histogram);
   constexpr std::int64_t failed_latency = std::numeric_limits<std::int64_t>::max();
 
-  std::priority_queue<detail::FleetFinish, std::vector<detail::FleetFinish>, std::greater<>> finishes;
+  std::priority_queue<tools::detail::FleetFinish, std::vector<tools::detail::FleetFinish>, std::greater<>> finishes;
   std::uint64_t finish_order = 0;
   BatchTime last_completion = start;
 
@@ -287,8 +287,8 @@ template <BatchPolicy Policy>
   auto provision = [&](BatchTime now, bool ready_now) {
     auto rep = std::make_unique<Replica>(next_id++, config.lanes, clock);
     Replica* p = rep.get();
-    auto model = [p, &config](std::span<const detail::SimRequest> reqs, std::span<detail::SimResponse> resps,
-                             detail::SimLane& lane) {
+    auto model = [p, &config](std::span<const tools::detail::SimRequest> reqs, std::span<tools::detail::SimResponse> resps,
+                             tools::detail::SimLane& lane) {
       const auto service = duration_cast<nanoseconds>(config.service_time(reqs.size())) + config.lane_overhead;
       const BatchTime now_t = p->pipeline->clock().now();
       const BatchTime finish = now_t + std::max(service, nanoseconds::zero());
@@ -296,11 +296,11 @@ template <BatchPolicy Policy>
       p->busy_s += duration<double>(finish - now_t).count();
       for (auto& resp : resps) resp.finish = finish;
     };
-    PipelineConfig<detail::SimRequest> pc;
+    PipelineConfig<tools::detail::SimRequest> pc;
     pc.queue_capacity = config.queue_capacity;
     pc.workers = 0;
     if constexpr (detail::policy_uses_cost<Policy>()) {
-      pc.request_cost = [&config](const detail::SimRequest& q) { return config.request_cost(q.index); };
+      pc.request_cost = [&config](const tools::detail::SimRequest& q) { return config.request_cost(q.index); };
     }
     p->pipeline = std::make_unique<typename Replica::Pipe>(model, Policy(policy), std::move(pc), p->lanes, clock);
     p->state = ready_now ? State::ready : State::starting;
@@ -387,7 +387,7 @@ template <BatchPolicy Policy>
       }
       ro.queue_depth = p->queued;
       ro.in_flight = p->executing;
-      ro.p95 = detail::nth_percentile(p->latencies, 95.0);
+      ro.p95 = tools::detail::nth_percentile(p->latencies, 95.0);
       if (p->completed > 0)
         ro.mean_latency = nanoseconds(static_cast<std::int64_t>(p->inside_s / static_cast<double>(p->completed) * 1e9));
       o.ready.push_back(ro);
@@ -464,7 +464,7 @@ template <BatchPolicy Policy>
     }
 
     while (!finishes.empty() && finishes.top().at <= now) {
-      const detail::FleetFinish f = finishes.top();
+      const tools::detail::FleetFinish f = finishes.top();
       finishes.pop();
       for (auto& p : replicas)
         if (p->id == f.replica) {
@@ -498,8 +498,8 @@ template <BatchPolicy Policy>
         ++p->routed;
         ++p->queued;
         p->touched = true;
-        p->pipeline->submit(detail::SimRequest{index}, SubmitOptions{},
-                            [c = &ctx, p, arrival](Outcome<detail::SimResponse>&& o) noexcept {
+        p->pipeline->submit(tools::detail::SimRequest{index}, SubmitOptions{},
+                            [c = &ctx, p, arrival](Outcome<tools::detail::SimResponse>&& o) noexcept {
                               --p->queued;
                               if (!o.ok()) {
                                 ++c->result->failed;
@@ -509,7 +509,7 @@ template <BatchPolicy Policy>
                               ++c->result->ok;
                               const BatchTime done = o.value().finish;
                               ++p->executing;
-                              c->finish_queue->push(detail::FleetFinish{done, (*c->finish_order)++, p->id});
+                              c->finish_queue->push(tools::detail::FleetFinish{done, (*c->finish_order)++, p->id});
                               *c->last_completion = std::max(*c->last_completion, done);
                               const auto e2e = (done - arrival) + c->config->network;
                               c->hist->record(e2e);
@@ -526,7 +526,7 @@ template <BatchPolicy Policy>
     for (auto& p : replicas) {
       if (!p->touched && p->wake_at > now) continue;
       p->touched = false;
-      const PollResult pr = p->pipeline->poll();
+      const PipelinePollResult pr = p->pipeline->poll();
       p->next_due = pr.next_due;
       BatchTime w = p->lanes.next_free_after(now);
       if (p->lanes.any_idle(now) && p->next_due > now) w = std::min(w, p->next_due);
@@ -550,8 +550,8 @@ template <BatchPolicy Policy>
     auto& v = by_step[i];
     s.arrivals = v.size();
     if (!v.empty()) {
-      s.p99 = detail::nth_percentile(v, 99.0);
-      s.p95 = detail::nth_percentile(v, 95.0);
+      s.p99 = tools::detail::nth_percentile(v, 99.0);
+      s.p95 = tools::detail::nth_percentile(v, 95.0);
       s.violation = config.slo_p95 > nanoseconds::zero() && s.p95 > config.slo_p95;
     }
     const double len = std::min(step_s, duration<double>(run_length - s.start).count());

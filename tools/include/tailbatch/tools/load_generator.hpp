@@ -123,7 +123,7 @@ struct LoadConfig {
   LoadProgressCallback progress{};
   std::chrono::nanoseconds progress_interval = std::chrono::seconds(1);
   std::string label = "load";
-  HistogramConfig histogram{};
+  LatencyHistogramConfig histogram{};
 };
 
 // One timeline bucket: the requests whose intended send time falls in it.
@@ -163,7 +163,7 @@ struct LoadResult {
   }
 };
 
-namespace detail {
+namespace tools::detail {
 
 // The part of a run that completions touch; kept alive by every LoadCompletion, so a
 // completion that arrives after run_load() has returned is harmless (it is ignored).
@@ -174,7 +174,7 @@ class LoadRunStateBase {
                         Status status) noexcept = 0;
 };
 
-}  // namespace detail
+}  // namespace tools::detail
 
 // Completes one request of a load run: call it exactly once, from any thread, with the
 // request's final status (or true/false for ok/failed). Latency is read from the run's
@@ -191,11 +191,11 @@ class LoadCompletion {
  private:
   template <class C>
   friend class LoadRunner;
-  LoadCompletion(std::shared_ptr<detail::LoadRunStateBase> s, std::chrono::steady_clock::time_point intended,
+  LoadCompletion(std::shared_ptr<tools::detail::LoadRunStateBase> s, std::chrono::steady_clock::time_point intended,
                  std::uint32_t bucket, bool measured) noexcept
       : state_(std::move(s)), intended_(intended), bucket_(bucket), measured_(measured) {}
 
-  std::shared_ptr<detail::LoadRunStateBase> state_;
+  std::shared_ptr<tools::detail::LoadRunStateBase> state_;
   std::chrono::steady_clock::time_point intended_;
   std::uint32_t bucket_;
   bool measured_;
@@ -214,7 +214,7 @@ concept SyncLoadTarget = !AsyncLoadTarget<F> && std::invocable<F&, std::uint64_t
 template <class F>
 concept LoadTarget = AsyncLoadTarget<F> || SyncLoadTarget<F>;
 
-namespace detail {
+namespace tools::detail {
 
 template <class R>
 Status status_of_result(R&& r) noexcept {
@@ -247,7 +247,7 @@ Status call_sync_target(F& f, std::uint64_t index) noexcept {
 template <class C>
 concept VirtualTimeClock = Clock<C> && requires(C& c, typename C::time_point t) { c.advance_to(t); };
 
-}  // namespace detail
+}  // namespace tools::detail
 
 // Runs one load test (see the top of the file). Normally used through run_load().
 // Not thread-safe: one run at a time per runner; the runner is cheap and single-use.
@@ -258,14 +258,14 @@ class LoadRunner {
                 "the load generator's clock must use std::chrono::steady_clock time points");
 
   struct Bucket {
-    explicit Bucket(const HistogramConfig& o) : hist(o) {}
+    explicit Bucket(const LatencyHistogramConfig& o) : hist(o) {}
     LatencyHistogram hist;
     std::uint64_t due = 0, ok = 0, errors = 0;
   };
 
-  class State final : public detail::LoadRunStateBase {
+  class State final : public tools::detail::LoadRunStateBase {
    public:
-    State(C clock, const HistogramConfig& o) : clock_(std::move(clock)), latency(o), recent(o) {}
+    State(C clock, const LatencyHistogramConfig& o) : clock_(std::move(clock)), latency(o), recent(o) {}
 
     void complete(time_point intended, std::uint32_t bucket, bool measured, Status status) noexcept override {
       const time_point now = clock_.now();
@@ -356,7 +356,7 @@ class LoadRunner {
                 Job job = std::move(queue.front());
                 queue.pop_front();
                 lock.unlock();
-                job.done(detail::call_sync_target(target, job.index));
+                job.done(tools::detail::call_sync_target(target, job.index));
                 lock.lock();
               }
             });
@@ -415,7 +415,7 @@ class LoadRunner {
         }
         if (now >= intended) break;
         const time_point wake = options_.progress ? std::min(intended, next_progress) : intended;
-        if constexpr (detail::VirtualTimeClock<C>) {
+        if constexpr (tools::detail::VirtualTimeClock<C>) {
           clock_.advance_to(wake);
         } else {
           std::this_thread::sleep_until(wake);
@@ -458,7 +458,7 @@ class LoadRunner {
         }
         qcv.notify_one();
       } else {
-        done(detail::call_sync_target(target, issued - 1));
+        done(tools::detail::call_sync_target(target, issued - 1));
       }
     }
 
@@ -631,7 +631,7 @@ struct SweepResult {
   }
 };
 
-namespace detail {
+namespace tools::detail {
 inline std::string sweep_verdict(const LoadResult& r, double slo_ms, double max_err, bool& meets) {
   char buf[128];
   const double p95 = std::chrono::duration<double, std::milli>(r.p95).count();
@@ -650,7 +650,7 @@ inline std::string sweep_verdict(const LoadResult& r, double slo_ms, double max_
   }
   return buf;
 }
-}  // namespace detail
+}  // namespace tools::detail
 
 // Runs a QPS sweep: run_load() at each rate of options.rates (ascending), judging each
 // against the SLO, and finds the saturation point. Blocks for the whole sweep. Allocates.
@@ -686,7 +686,7 @@ template <LoadTarget F, Clock C = SteadyClock>
     SweepPoint p;
     p.offered_rps = rates[i];
     p.result = run_load(o, target, clock);
-    p.verdict = detail::sweep_verdict(p.result, options.slo_p95_ms, options.max_error_rate, p.meets_slo);
+    p.verdict = tools::detail::sweep_verdict(p.result, options.slo_p95_ms, options.max_error_rate, p.meets_slo);
     out.points.push_back(std::move(p));
     if (out.points.back().meets_slo) {
       failures_in_a_row = 0;
@@ -696,7 +696,7 @@ template <LoadTarget F, Clock C = SteadyClock>
       if (++failures_in_a_row >= options.stop_after_failures) break;
     }
     if (options.pause > std::chrono::nanoseconds::zero() && i + 1 < rates.size()) {
-      if constexpr (detail::VirtualTimeClock<C>) {
+      if constexpr (tools::detail::VirtualTimeClock<C>) {
         clock.advance_to(clock.now() + options.pause);
       } else {
         std::this_thread::sleep_for(options.pause);
@@ -708,9 +708,9 @@ template <LoadTarget F, Clock C = SteadyClock>
 
 // ---- reports --------------------------------------------------------------------------
 
-namespace detail {
+namespace tools::detail {
 inline double ms(std::chrono::nanoseconds d) noexcept { return std::chrono::duration<double, std::milli>(d).count(); }
-}  // namespace detail
+}  // namespace tools::detail
 
 // One run as a few readable lines. Allocates. Thread-safe.
 [[nodiscard]] inline std::string format_load_result(const LoadResult& r) {
@@ -720,8 +720,8 @@ inline double ms(std::chrono::nanoseconds d) noexcept { return std::chrono::dura
                 "latency from intended send: p50 %.2f ms  p95 %.2f ms  p99 %.2f ms  p99.9 %.2f ms  max %.2f ms\n"
                 "requests: %llu due, %llu ok, %llu failed, %llu timed out, %llu dropped; error rate %.2f %%; "
                 "%llu warm-up requests not counted\n",
-                r.offered_rps, r.throughput_rps, detail::ms(r.p50), detail::ms(r.p95), detail::ms(r.p99),
-                detail::ms(r.p999), detail::ms(r.max), static_cast<unsigned long long>(r.due),
+                r.offered_rps, r.throughput_rps, tools::detail::ms(r.p50), tools::detail::ms(r.p95), tools::detail::ms(r.p99),
+                tools::detail::ms(r.p999), tools::detail::ms(r.max), static_cast<unsigned long long>(r.due),
                 static_cast<unsigned long long>(r.ok), static_cast<unsigned long long>(r.failed),
                 static_cast<unsigned long long>(r.timed_out), static_cast<unsigned long long>(r.dropped),
                 r.error_rate() * 100.0, static_cast<unsigned long long>(r.warmup_requests));
@@ -742,7 +742,7 @@ inline double ms(std::chrono::nanoseconds d) noexcept { return std::chrono::dura
     const auto& p = s.points[i];
     const auto& r = p.result;
     std::snprintf(buf, sizeof buf, "%10.0f %10.1f %9.2f %9.2f %9.2f %9.2f %8.2f  %s%s\n", p.offered_rps,
-                  r.throughput_rps, detail::ms(r.p50), detail::ms(r.p95), detail::ms(r.p99), detail::ms(r.max),
+                  r.throughput_rps, tools::detail::ms(r.p50), tools::detail::ms(r.p95), tools::detail::ms(r.p99), tools::detail::ms(r.max),
                   r.error_rate() * 100.0, p.verdict.c_str(),
                   s.saturation && *s.saturation == i ? "   <- saturation" : "");
     out += buf;
@@ -770,7 +770,7 @@ inline void add_sweep_latency_series(LinePlot& plot, const SweepResult& s, const
     ps.name = prefix.empty() ? std::string(name) : prefix + " " + name;
     ps.color = color;
     ps.dashed = dashed;
-    for (const auto& p : s.points) ps.points.push_back({p.offered_rps, detail::ms(pick(p.result))});
+    for (const auto& p : s.points) ps.points.push_back({p.offered_rps, tools::detail::ms(pick(p.result))});
     plot.series.push_back(std::move(ps));
   };
   if (with_p50) series("p50", [](const LoadResult& r) { return r.p50; }, true);
@@ -789,13 +789,13 @@ inline void add_sweep_latency_series(LinePlot& plot, const SweepResult& s, const
   plot.y_label = "latency from intended send (ms)";
   plot.y_scale = AxisScale::log;
   plot.x_min = 0.0;
-  PlotSeries p50{"p50", {}, detail::plot_palette[0], false, true};
-  PlotSeries p95{"p95", {}, detail::plot_palette[1], false, true};
-  PlotSeries p99{"p99", {}, detail::plot_palette[3], false, true};
+  PlotSeries p50{"p50", {}, tools::detail::plot_palette[0], false, true};
+  PlotSeries p95{"p95", {}, tools::detail::plot_palette[1], false, true};
+  PlotSeries p99{"p99", {}, tools::detail::plot_palette[3], false, true};
   for (const auto& p : s.points) {
-    p50.points.push_back({p.offered_rps, detail::ms(p.result.p50)});
-    p95.points.push_back({p.offered_rps, detail::ms(p.result.p95)});
-    p99.points.push_back({p.offered_rps, detail::ms(p.result.p99)});
+    p50.points.push_back({p.offered_rps, tools::detail::ms(p.result.p50)});
+    p95.points.push_back({p.offered_rps, tools::detail::ms(p.result.p95)});
+    p99.points.push_back({p.offered_rps, tools::detail::ms(p.result.p99)});
   }
   plot.series = {p50, p95, p99};
   char buf[96];
@@ -844,9 +844,9 @@ inline void add_sweep_latency_series(LinePlot& plot, const SweepResult& s, const
   plot.x_label = "time since start, by intended send time (s)";
   plot.y_label = "latency (ms)";
   plot.x_min = 0.0;
-  PlotSeries p50{"p50", {}, detail::plot_palette[0], true, true};
-  PlotSeries p95{"p95", {}, detail::plot_palette[1], false, true};
-  PlotSeries p99{"p99", {}, detail::plot_palette[3], true, true};
+  PlotSeries p50{"p50", {}, tools::detail::plot_palette[0], true, true};
+  PlotSeries p95{"p95", {}, tools::detail::plot_palette[1], false, true};
+  PlotSeries p99{"p99", {}, tools::detail::plot_palette[3], true, true};
   double warm_end = -1.0, width = 0.0;
   for (std::size_t i = 0; i < r.timeline.size(); ++i) {
     const auto& t = r.timeline[i];
@@ -854,9 +854,9 @@ inline void add_sweep_latency_series(LinePlot& plot, const SweepResult& s, const
     const double mid = t.start_s + width / 2.0;
     if (t.warmup) warm_end = t.start_s + width;
     if (t.ok_rps <= 0.0) continue;
-    p50.points.push_back({mid, detail::ms(t.p50)});
-    p95.points.push_back({mid, detail::ms(t.p95)});
-    p99.points.push_back({mid, detail::ms(t.p99)});
+    p50.points.push_back({mid, tools::detail::ms(t.p50)});
+    p95.points.push_back({mid, tools::detail::ms(t.p95)});
+    p99.points.push_back({mid, tools::detail::ms(t.p99)});
   }
   plot.series = {p50, p95, p99};
   if (!r.timeline.empty()) plot.x_max = r.timeline.back().start_s + width;

@@ -352,7 +352,7 @@ struct CapacityPlan {
   return std::max({static_cast<std::int64_t>(rounded), floor, std::int64_t{1}});
 }
 
-namespace detail {
+namespace tools::detail {
 inline void check_planner_config(const PlannerConfig& c) {
   auto finite_nonneg = [](double v) { return std::isfinite(v) && v >= 0.0; };
   if (!finite_nonneg(c.network_ms)) tailbatch::detail::throw_invalid_argument("PlannerConfig: network_ms must be >= 0");
@@ -387,7 +387,7 @@ inline std::string format_number(double v, int decimals) {
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
   return buf;
 }
-}  // namespace detail
+}  // namespace tools::detail
 
 // The planner's figures for one batch size under config (config is not validated here;
 // plan_capacity() validates). Throws std::invalid_argument if the profile does not define
@@ -411,7 +411,7 @@ inline std::string format_number(double v, int decimals) {
   return p;
 }
 
-namespace detail {
+namespace tools::detail {
 
 // The candidate sizes for a linear profile: every size up to dense_candidate_limit, then
 // each about 3 % above the last (b + b / 32), then max_batch itself. About 1500 sizes at
@@ -470,7 +470,7 @@ inline CandidateScan scan_candidates(const std::vector<BatchPlan>& cs, bool with
   return s;
 }
 
-}  // namespace detail
+}  // namespace tools::detail
 
 // Plans the candidate batch sizes and recommends one.
 //
@@ -490,7 +490,7 @@ inline CandidateScan scan_candidates(const std::vector<BatchPlan>& cs, bool with
 // naming the bad field, or from replicas_for / suggested_max_in_flight when a count is
 // beyond max_planned_count. Thread-safe.
 [[nodiscard]] inline CapacityPlan plan_capacity(const PlannerConfig& config) {
-  detail::check_planner_config(config);
+  tools::detail::check_planner_config(config);
   std::vector<int> sizes;
   const bool enumerated = config.preferred.empty() && !config.profile.is_measured();
   if (!config.preferred.empty()) {
@@ -499,7 +499,7 @@ inline CandidateScan scan_candidates(const std::vector<BatchPlan>& cs, bool with
     for (const auto& pt : config.profile.points())
       if (pt.batch_size <= config.max_batch) sizes.push_back(pt.batch_size);
   } else {
-    sizes = detail::linear_candidate_sizes(config.max_batch);
+    sizes = tools::detail::linear_candidate_sizes(config.max_batch);
     // Where the grid is sparse, add the last size whose p95 meets the SLO and the first
     // that does not: p95 never falls as the batch grows (above batch 1, which pays no
     // window), so a binary search finds them.
@@ -507,7 +507,7 @@ inline CandidateScan scan_candidates(const std::vector<BatchPlan>& cs, bool with
       auto meets = [&](int b) { return config.tail * (config.profile.model_ms(b) + config.network_ms + config.window_ms) <=
                                        *config.slo_p95_ms; };
       if (meets(dense_candidate_limit)) {
-        const int last = detail::last_true(dense_candidate_limit, config.max_batch, meets);
+        const int last = tools::detail::last_true(dense_candidate_limit, config.max_batch, meets);
         sizes.push_back(last);
         if (last < config.max_batch) sizes.push_back(last + 1);
       }
@@ -522,7 +522,7 @@ inline CandidateScan scan_candidates(const std::vector<BatchPlan>& cs, bool with
   CapacityPlan plan;
   plan.candidates.reserve(sizes.size() + 1);
   for (int b : sizes) plan.candidates.push_back(plan_batch(config, b));
-  detail::CandidateScan scan = detail::scan_candidates(plan.candidates, config.target_rps.has_value());
+  tools::detail::CandidateScan scan = tools::detail::scan_candidates(plan.candidates, config.target_rps.has_value());
 
   // The smallest size needing no more replicas than the recommendation may lie between two
   // grid sizes: search that gap (replicas never rise with the batch size there, since the
@@ -533,13 +533,13 @@ inline CandidateScan scan_candidates(const std::vector<BatchPlan>& cs, bool with
     const int hi = plan.candidates[*scan.same_replicas_lower_p95].batch_size;
     const int lo = plan.candidates[*scan.same_replicas_lower_p95 - 1].batch_size;
     auto too_many = [&](int b) { return b == lo || plan_batch(config, b).replicas_with_headroom > target; };
-    const int first = detail::last_true(lo, hi, too_many) + 1;
+    const int first = tools::detail::last_true(lo, hi, too_many) + 1;
     if (first < hi) {
       sizes.push_back(first);
       normalise(sizes);
       plan.candidates.clear();
       for (int b : sizes) plan.candidates.push_back(plan_batch(config, b));
-      scan = detail::scan_candidates(plan.candidates, true);
+      scan = tools::detail::scan_candidates(plan.candidates, true);
     }
   }
   plan.recommended = scan.recommended;
@@ -547,7 +547,7 @@ inline CandidateScan scan_candidates(const std::vector<BatchPlan>& cs, bool with
   const std::size_t over_slo = scan.over_slo;
   const std::optional<std::size_t> first_over = scan.first_over;
 
-  using detail::format_number;
+  using tools::detail::format_number;
   const std::size_t n = plan.candidates.size();
   if (!plan.recommended) {
     const auto& best = plan.candidates[plan.lowest_p95];
@@ -634,7 +634,7 @@ struct InstancePlan {
   p.concurrency = littles_law_concurrency(m.instance_rps, m.p95_ms);
   p.max_in_flight = suggested_max_in_flight(
       p.concurrency, static_cast<std::int64_t>(m.batch_size) * static_cast<std::int64_t>(m.streams));
-  using detail::format_number;
+  using tools::detail::format_number;
   p.reason = std::to_string(p.replicas) + " x " + format_number(m.instance_rps, 0) + " rps covers " +
              format_number(m.target_rps, 0) + " rps; " + std::to_string(p.replicas_with_headroom) +
              " replicas keep " + format_number(m.headroom * 100.0, 0) +

@@ -80,7 +80,7 @@ struct SimulationConfig {
   std::function<Priority(std::uint64_t index)> priority{};
   // Bounds the run in count (arrivals beyond it are not generated).
   std::uint64_t max_requests = 5'000'000;
-  HistogramConfig histogram{};
+  LatencyHistogramConfig histogram{};
   // The simulation's time. Share it (copies share one time) with a learning limiter that
   // is passed to simulate(), so that the limiter reads simulated time.
   ManualClock clock{};
@@ -122,7 +122,7 @@ struct SimulationResult {
   }
 };
 
-namespace detail {
+namespace tools::detail {
 
 struct SimRequest {
   std::uint64_t index = 0;
@@ -304,7 +304,7 @@ class SimAdmission {
 template <BatchPolicy Policy>
 class SimPolicy {
  public:
-  static constexpr bool uses_cost = policy_uses_cost<Policy>();
+  static constexpr bool uses_cost = tailbatch::detail::policy_uses_cost<Policy>();
 
   SimPolicy(Policy p, const SimLanes* lanes) : inner_(std::move(p)), lanes_(lanes) {}
 
@@ -342,7 +342,7 @@ class SimPolicy {
   const SimLanes* lanes_;
 };
 
-}  // namespace detail
+}  // namespace tools::detail
 
 // Runs the simulation: the arrivals of config.arrivals through a Pipeline with `policy`
 // and `admission` on `config.lanes` modelled lanes, until every request has completed.
@@ -370,10 +370,10 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
   }
 
   ManualClock clock = config.clock;
-  using Shared = detail::SimShared<typename Admission::Ticket>;
+  using Shared = tools::detail::SimShared<typename Admission::Ticket>;
   Shared shared;
-  detail::SimAdmission<Admission> adm(admission, shared);
-  detail::SimLanes lanes(config.lanes, clock);
+  tools::detail::SimAdmission<Admission> adm(admission, shared);
+  tools::detail::SimLanes lanes(config.lanes, clock);
 
   const BatchTime start = clock.now();
   const BatchTime warm_end = start + config.warmup;
@@ -386,8 +386,8 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
 
   // A copy that shares a learning policy's state: the model call reports to it.
   [[maybe_unused]] const Policy feedback = policy;
-  auto model = [&](std::span<const detail::SimRequest> reqs, std::span<detail::SimResponse> resps,
-                   detail::SimLane& lane) {
+  auto model = [&](std::span<const tools::detail::SimRequest> reqs, std::span<tools::detail::SimResponse> resps,
+                   tools::detail::SimLane& lane) {
     const std::size_t b = reqs.size();
     const auto service = duration_cast<nanoseconds>(config.service_time(b)) + config.lane_overhead;
     const BatchTime started = clock.now();
@@ -413,15 +413,15 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
     }
   };
 
-  PipelineConfig<detail::SimRequest> pc;
+  PipelineConfig<tools::detail::SimRequest> pc;
   pc.queue_capacity = config.queue_capacity;
   pc.workers = 0;
   if constexpr (detail::policy_uses_cost<Policy>()) {
-    pc.request_cost = [&](const detail::SimRequest& q) { return config.request_cost(q.index); };
+    pc.request_cost = [&](const tools::detail::SimRequest& q) { return config.request_cost(q.index); };
   }
-  using P = Pipeline<detail::SimRequest, detail::SimResponse, detail::SimPolicy<Policy>, detail::SimLanes,
-                     detail::SimAdmission<Admission>, ManualClock>;
-  P pipeline(model, detail::SimPolicy<Policy>(std::move(policy), &lanes), std::move(pc), lanes, adm, clock);
+  using P = Pipeline<tools::detail::SimRequest, tools::detail::SimResponse, tools::detail::SimPolicy<Policy>, tools::detail::SimLanes,
+                     tools::detail::SimAdmission<Admission>, ManualClock>;
+  P pipeline(model, tools::detail::SimPolicy<Policy>(std::move(policy), &lanes), std::move(pc), lanes, adm, clock);
 
   // In-flight integral (admitted, not yet finished) over the measured window.
   double in_flight_area = 0.0;  // request-seconds
@@ -473,9 +473,9 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
       if (config.priority) so.priority = config.priority(index);
       shared.current_arrival = arrival;
       account(now);
-      pipeline.submit(detail::SimRequest{index}, so,
+      pipeline.submit(tools::detail::SimRequest{index}, so,
                       [&r, &hist, &last_completion, &config, arrival, measured](
-                          Outcome<detail::SimResponse>&& o) noexcept {
+                          Outcome<tools::detail::SimResponse>&& o) noexcept {
                         if (!measured) return;
                         ++r.by_status[static_cast<std::size_t>(o.status())];
                         if (o.status() == Status::rejected) ++r.rejected_by_reason[static_cast<std::size_t>(o.reason())];
@@ -487,7 +487,7 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
       ++index;
       next_arrival = schedule.next();
     }
-    const PollResult pr = pipeline.poll();
+    const PipelinePollResult pr = pipeline.poll();
     next_due = pr.next_due;
   }
   // Nothing is queued any more (a policy that never dispatches is flushed here); hand the

@@ -67,7 +67,7 @@ struct LinePlot {
   int height = 500;
 };
 
-namespace detail {
+namespace tools::detail {
 
 inline std::string svg_escape(std::string_view s) {
   std::string out;
@@ -110,7 +110,7 @@ inline std::string tick_label(double v, double step) {
 inline constexpr const char* plot_palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd",
                                                "#8c564b", "#e377c2", "#7f7f7f", "#17becf"};
 
-}  // namespace detail
+}  // namespace tools::detail
 
 // Evenly spaced "nice" tick values (steps of 1, 2 or 5 × 10^k) covering [lo, hi] with
 // about `target` intervals; the first tick is <= lo and the last >= hi. Allocates.
@@ -156,8 +156,8 @@ inline constexpr const char* plot_palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", 
 // The plot as a standalone SVG document. Allocates. Throws std::invalid_argument if the
 // size is smaller than 200 × 150 or a log axis meets a value <= 0. Thread-safe.
 [[nodiscard]] inline std::string render_svg(const LinePlot& plot) {
-  using detail::svg_escape;
-  using detail::svg_num;
+  using tools::detail::svg_escape;
+  using tools::detail::svg_num;
   if (plot.width < 200 || plot.height < 150)
     tailbatch::detail::throw_invalid_argument("LinePlot: width and height must be at least 200 x 150");
   const bool log_y = plot.y_scale == AxisScale::log;
@@ -240,11 +240,11 @@ inline constexpr const char* plot_palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", 
   for (double t : xt)
     if (t >= x_lo - 1e-9 && t <= x_hi + 1e-9)
       o += "<text x=\"" + svg_num(px(t)) + "\" y=\"" + svg_num(top + ph + 18) + "\" text-anchor=\"middle\">" +
-           detail::tick_label(t, x_step) + "</text>\n";
+           tools::detail::tick_label(t, x_step) + "</text>\n";
   for (double t : yt)
     if (t >= y_lo * (1 - 1e-9) - 1e-12 && t <= y_hi * (1 + 1e-9) + 1e-12)
       o += "<text x=\"" + svg_num(left - 8) + "\" y=\"" + svg_num(py(t) + 4) + "\" text-anchor=\"end\">" +
-           detail::tick_label(t, log_y ? t : y_step) + "</text>\n";
+           tools::detail::tick_label(t, log_y ? t : y_step) + "</text>\n";
   o += "</g>\n";
   // Axes and their labels.
   o += "<rect x=\"" + svg_num(left) + "\" y=\"" + svg_num(top) + "\" width=\"" + svg_num(pw) + "\" height=\"" +
@@ -277,7 +277,7 @@ inline constexpr const char* plot_palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", 
   std::size_t palette_index = 0;
   std::vector<std::string> colors;
   for (const auto& s : plot.series) {
-    std::string color = s.color.empty() ? detail::plot_palette[palette_index++ % 8] : s.color;
+    std::string color = s.color.empty() ? tools::detail::plot_palette[palette_index++ % 8] : s.color;
     colors.push_back(color);
     std::string path;
     bool pen_down = false;

@@ -4,7 +4,7 @@
 //   cuda::FallbackLanes lanes({.log = print});        // CUDA streams, or host lanes
 //   std::optional<cuda::DeviceClassifier> gpu;
 //   if (lanes.on_device()) gpu.emplace(clf, lanes.stream_pool()->device_info().device);
-//   cuda::ClassifierModel model(clf, gpu ? &*gpu : nullptr);
+//   cuda::DeviceClassifierModel model(clf, gpu ? &*gpu : nullptr);
 //   Pipeline<std::string, reference::Prediction, FixedWindow, cuda::FallbackLanes> p(model, window, {}, lanes);
 //
 // A batch on a CUDA lane: token ids packed into the lane's pinned staging buffer, one
@@ -229,15 +229,15 @@ class DeviceClassifier {
 // ids). Copies share their scratch. Thread-safety: calls may run concurrently, each on its
 // own lane. Exceptions: a call throws what the forward pass throws, and std::logic_error for
 // a CUDA lane when no DeviceClassifier was given; the Pipeline fails that batch.
-class ClassifierModel {
+class DeviceClassifierModel {
  public:
   // gpu may be nullptr when only host lanes will be used. Both must outlive the model.
   // Allocates. Throws std::bad_alloc.
-  ClassifierModel(const reference::Classifier& cpu, const DeviceClassifier* gpu) : cpu_(cpu), gpu_(gpu) {}
+  DeviceClassifierModel(const reference::Classifier& cpu, const DeviceClassifier* gpu) : cpu_(cpu), gpu_(gpu) {}
 
   // On a CUDA lane: tokenize, then DeviceClassifier::forward. Blocks. Thread-safe.
   void operator()(std::span<const std::string> texts, std::span<reference::Prediction> out, StreamLane& lane) const {
-    if (gpu_ == nullptr) tailbatch::detail::throw_error<std::logic_error>("cuda::ClassifierModel: a CUDA lane but no DeviceClassifier");
+    if (gpu_ == nullptr) tailbatch::detail::throw_error<std::logic_error>("cuda::DeviceClassifierModel: a CUDA lane but no DeviceClassifier");
     auto scratch = scratch_->take();
     scratch->tokenize(cpu_.classifier().tokenizer(), texts);
     gpu_->forward(scratch->requests, out, lane);
