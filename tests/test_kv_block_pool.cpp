@@ -5,14 +5,15 @@
 #include <tailbatch/kv_block_pool.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
-#include <map>
 #include <numeric>
 #include <random>
 #include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tailbatch_test.hpp"
@@ -556,6 +557,52 @@ TEST_CASE("KvBlockPool: metrics through the registry") {
   const std::string later = registry.prometheus();
   CHECK(contains(later, "tailbatch_kv_evictions_total{model=\"chat\"} 2\n"));
   CHECK(contains(later, "tailbatch_kv_blocks_used{model=\"chat\"} 8\n"));
+}
+
+TEST_CASE("KvBlockPool: stats and metrics are read from other threads while the owner works") {
+  MetricsRegistry registry;
+  Pool pool({.block_size = 4, .total_blocks = 64, .metrics = &registry});
+  std::atomic<bool> done{false};
+  std::atomic<int> bad_readings{0};  // Catch2's assertions are for the test's own thread
+  std::atomic<int> readings{0};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&, r] {
+      while (!done.load(std::memory_order_acquire)) {
+        bool ok = true;
+        if (r == 0) {
+          const auto s = pool.stats();
+          ok = s.used_blocks + s.cached_blocks <= s.total_blocks && pool.can_ever_fit(256);
+        } else {
+          ok = contains(registry.prometheus(), "tailbatch_kv_blocks_used");
+        }
+        if (!ok) bad_readings.fetch_add(1);
+        readings.fetch_add(1);
+      }
+    });
+  }
+  while (readings.load() < 2) std::this_thread::yield();  // the readers are running
+  // The owner: sequences sharing a system prompt come and go.
+  const auto system = iota(0, 16);
+  std::vector<Table> tables(8);
+  const int rounds = 2000 / tailbatch::test::sanitizer_slowdown;
+  for (int i = 0; i < rounds; ++i) {
+    Table& t = tables[static_cast<std::size_t>(i) % tables.size()];
+    pool.free(t);
+    const auto prompt = concat(system, iota(1000 + i, 1 + static_cast<std::size_t>(i % 9)));
+    if (pool.allocate(t, prompt, {.max_tokens = prompt.size() + 8}) != KvAllocStatus::ok) continue;
+    pool.commit(t, prompt);
+    (void)pool.grow(t, prompt.size() + 8);
+  }
+  done.store(true, std::memory_order_release);
+  for (auto& th : readers) th.join();
+  CHECK(bad_readings.load() == 0);
+  const auto s = pool.stats();
+  CHECK(s.prefix_hit_tokens > 0);
+  std::set<KvBlockId> used;
+  for (const auto& t : tables)
+    for (KvBlockId b : t.blocks()) used.insert(b);
+  CHECK(s.used_blocks == used.size());
 }
 
 // A random mix of admissions, steps, commits and frees on a small pool, with an engine
