@@ -87,19 +87,35 @@ concept KvBlockHasher = std::default_initializable<H> && std::copy_constructible
                         };
 
 // The default KvBlockHasher: integral and enum tokens are mixed as they are, others through
-// std::hash<Token>; a multiply-rotate step per token and a 64-bit finalizer.
+// std::hash<Token>; a multiply-rotate step per token in four interleaved lanes, the lanes
+// rotated apart, summed and finalized (MurmurHash3's 64-bit finalizer).
 template <class Token>
   requires std::integral<Token> || std::is_enum_v<Token> ||
            requires(const Token& t) { std::hash<Token>{}(t); }
 struct KvBlockHash {
   [[nodiscard]] std::uint64_t operator()(std::uint64_t parent,
                                          std::span<const Token> tokens) const noexcept {
-    std::uint64_t h = parent ^ 0x243F6A8885A308D3ull;
-    for (const Token& t : tokens) h = (std::rotl(h, 23) ^ bits(t)) * 0x9E3779B97F4A7C15ull;
-    return detail::kv::mix64(h ^ static_cast<std::uint64_t>(tokens.size()));
+    // Four independent lanes, so that consecutive multiplies overlap instead of waiting on
+    // each other; lane j takes tokens j, j + 4, ...
+    std::uint64_t lane[4] = {parent ^ 0x243F6A8885A308D3ull, 0x13198A2E03707344ull,
+                             0xA4093822299F31D0ull, 0x082EFA98EC4E6C89ull};
+    const Token* t = tokens.data();
+    const std::size_t n = tokens.size();
+    for (std::size_t quad = 0; quad < n / 4; ++quad, t += 4) {
+      lane[0] = step(lane[0], t[0]);
+      lane[1] = step(lane[1], t[1]);
+      lane[2] = step(lane[2], t[2]);
+      lane[3] = step(lane[3], t[3]);
+    }
+    for (std::size_t j = 0; j < n % 4; ++j) lane[j] = step(lane[j], t[j]);
+    return detail::kv::mix64(lane[0] + std::rotl(lane[1], 16) + std::rotl(lane[2], 32) +
+                             std::rotl(lane[3], 48) + static_cast<std::uint64_t>(tokens.size()));
   }
 
  private:
+  static std::uint64_t step(std::uint64_t lane, const Token& t) noexcept {
+    return (std::rotl(lane, 23) ^ bits(t)) * 0x9E3779B97F4A7C15ull;
+  }
   static std::uint64_t bits(const Token& t) noexcept {
     if constexpr (std::is_enum_v<Token>) {
       return static_cast<std::uint64_t>(static_cast<std::underlying_type_t<Token>>(t));
