@@ -137,7 +137,7 @@ struct KvBlockPoolConfig {
   // engine's to say. Must be >= 1 and < 2^32 - 1 (block ids are 32-bit).
   std::size_t total_blocks = 0;
   // Index committed full blocks and share them with later sequences of the same prefix.
-  // Off: no lookups, no token copies, and tokens_ is not allocated.
+  // Off: no lookups, and neither the token copies nor the index are allocated.
   bool prefix_caching = true;
   // Metrics, registered at construction with metric_labels added to each; nullptr: none,
   // at no cost. The registry must outlive the pool.
@@ -180,6 +180,7 @@ enum class KvAllocStatus : std::uint8_t {
               // max_tokens, or (grow) a table this pool did not allocate
 };
 
+// A short, stable, lower-case name ("no_room"). Never allocates. Thread-safe.
 [[nodiscard]] constexpr std::string_view to_string(KvAllocStatus s) noexcept {
   switch (s) {
     case KvAllocStatus::ok:
@@ -206,12 +207,12 @@ struct KvBlockPoolStats {
   std::uint64_t prefix_hit_tokens = 0;    // of them, found cached
   std::uint64_t evictions = 0;            // cached blocks whose content was dropped for reuse
 
-  // free + cached - reserved: what an allocation may take. Never blocks.
+  // free + cached - reserved: what an allocation may take. Never blocks. Thread-safe.
   [[nodiscard]] std::size_t available_blocks() const noexcept {
     const std::size_t takeable = free_blocks + cached_blocks;
     return takeable > reserved_blocks ? takeable - reserved_blocks : 0;
   }
-  // prefix_hit_tokens / prefix_query_tokens; 0 before any lookup. Never blocks.
+  // prefix_hit_tokens / prefix_query_tokens; 0 before any lookup. Never blocks. Thread-safe.
   [[nodiscard]] double prefix_hit_rate() const noexcept {
     return prefix_query_tokens == 0 ? 0.0
                                     : static_cast<double>(prefix_hit_tokens) /
@@ -227,9 +228,9 @@ struct KvBlockPoolStats {
 // std::bad_alloc; allocate() throws std::invalid_argument on misuse (a table that already
 // holds blocks; reserve without max_tokens) and std::bad_alloc when the table's storage
 // must grow, with nothing changed (strong guarantee); everything else is noexcept.
-// Allocation: at construction, about 32 bytes + block_size tokens per block, plus a 16-byte
-// index slot per block at most half full (no tokens and no index without prefix caching),
-// and the metrics' registration. Afterwards only a table's own storage allocates: in
+// Allocation: at construction, per block 36 bytes, and with prefix caching block_size tokens
+// plus 40 to 72 bytes more (eviction links and an index kept at most half full), and the
+// metrics' registration. Afterwards only a table's own storage allocates: in
 // allocate(), for max_tokens' blocks (kept when the table is freed and reused), and in grow()
 // past that only when max_tokens was left unlimited.
 //
@@ -247,9 +248,12 @@ class KvBlockPool {
   // Not thread-safe: used by the pool's owner.
   class BlockTable {
    public:
+    // An empty table, for allocate(). Allocates nothing. Thread-safe.
     BlockTable() noexcept = default;
+    // Takes other's blocks; other is left empty. Not thread-safe: the pool's owner.
     BlockTable(BlockTable&& other) noexcept { take(other); }
-    // Frees the blocks held (see KvBlockPool::free) before taking over other's.
+    // Frees the blocks held (see KvBlockPool::free) before taking over other's; other is
+    // left empty. Not thread-safe: the pool's owner.
     BlockTable& operator=(BlockTable&& other) noexcept {
       if (this != &other) {
         release();
@@ -263,23 +267,27 @@ class KvBlockPool {
     ~BlockTable() { release(); }
 
     // The block ids, in token order: what the engine's attention reads. Valid until the
-    // next allocate(), grow() or free() of this table. Never blocks.
+    // next allocate(), grow() or free() of this table. Not thread-safe: the pool's owner.
     [[nodiscard]] std::span<const KvBlockId> blocks() const noexcept { return blocks_; }
     // Whether allocate() filled this table and free() has not emptied it yet (an empty
-    // prompt allocates a table with no blocks). Never blocks.
+    // prompt allocates a table with no blocks). Not thread-safe: the pool's owner.
     [[nodiscard]] bool allocated() const noexcept { return owner_ != nullptr; }
     // Leading prompt tokens whose KV was already in shared blocks at allocate(): prefill
-    // starts at this position. A multiple of the block size, less than the prompt's size.
+    // starts at this position. A multiple of the block size, less than the prompt's size
+    // (0 for an empty prompt). Not thread-safe: the pool's owner.
     [[nodiscard]] std::size_t cached_tokens() const noexcept { return cached_tokens_; }
-    // Tokens the blocks can hold: blocks().size() x block size. Never blocks.
+    // Tokens the blocks can hold: blocks().size() x block size. Not thread-safe: the pool's owner.
     [[nodiscard]] std::size_t capacity_tokens() const noexcept {
       return owner_ == nullptr ? 0 : blocks_.size() * owner_->block_size();
     }
-    // The max_tokens of the allocation (KvAllocateOptions). Never blocks.
+    // The max_tokens of the allocation (KvAllocateOptions), at least the prompt's size.
+    // Not thread-safe: the pool's owner.
     [[nodiscard]] std::size_t max_tokens() const noexcept { return max_tokens_; }
     // Tokens the pool knows the engine has written (cached_tokens(), then commit()).
+    // Not thread-safe: the pool's owner.
     [[nodiscard]] std::size_t committed_tokens() const noexcept { return committed_tokens_; }
-    // Blocks booked by a reserve allocation and not yet taken by grow(). Never blocks.
+    // Blocks booked by a reserve allocation and not yet taken by grow(). Not thread-safe:
+    // the pool's owner.
     [[nodiscard]] std::size_t booked_blocks() const noexcept { return booked_; }
 
    private:
