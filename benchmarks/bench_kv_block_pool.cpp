@@ -43,6 +43,18 @@ std::vector<Token> prompt_of(std::size_t tokens) {
   return p;
 }
 
+// allocate() + free() of one prompt per iteration: the loop of BM_Pool_AllocateFree and
+// BM_Pool_PrefixHit.
+void allocate_free(benchmark::State& state, Pool& pool, const std::vector<Token>& prompt) {
+  Pool::BlockTable table;
+  for (auto _ : state) {
+    if (pool.allocate(table, prompt) != KvAllocStatus::ok) state.SkipWithError("no room");
+    benchmark::DoNotOptimize(table.blocks().data());
+    pool.free(table);
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(prompt.size()));
+}
+
 void BM_Baseline_FreeListStack(benchmark::State& state) {
   const auto tokens = static_cast<std::size_t>(state.range(0));
   const std::size_t blocks = (tokens + block_size - 1) / block_size;
@@ -67,14 +79,7 @@ BENCHMARK(BM_Baseline_FreeListStack)->Arg(128)->Arg(1024)->Arg(4096);
 void BM_Pool_AllocateFree(benchmark::State& state) {
   const auto tokens = static_cast<std::size_t>(state.range(0));
   Pool pool({.block_size = block_size, .total_blocks = 4 * tokens / block_size, .prefix_caching = false});
-  const auto prompt = prompt_of(tokens);
-  Pool::BlockTable table;
-  for (auto _ : state) {
-    if (pool.allocate(table, prompt) != KvAllocStatus::ok) state.SkipWithError("no room");
-    benchmark::DoNotOptimize(table.blocks().data());
-    pool.free(table);
-  }
-  state.SetItemsProcessed(state.iterations() * state.range(0));
+  allocate_free(state, pool, prompt_of(tokens));
 }
 BENCHMARK(BM_Pool_AllocateFree)->Arg(128)->Arg(1024)->Arg(4096);
 
@@ -133,13 +138,7 @@ void BM_Pool_PrefixHit(benchmark::State& state) {
     if (pool.allocate(first, prompt) != KvAllocStatus::ok) state.SkipWithError("no room");
     pool.commit(first, prompt);
   }
-  Pool::BlockTable table;
-  for (auto _ : state) {
-    if (pool.allocate(table, prompt) != KvAllocStatus::ok) state.SkipWithError("no room");
-    benchmark::DoNotOptimize(table.blocks().data());
-    pool.free(table);
-  }
-  state.SetItemsProcessed(state.iterations() * state.range(0));
+  allocate_free(state, pool, prompt);
   state.counters["hit_rate"] = pool.stats().prefix_hit_rate();
 }
 BENCHMARK(BM_Pool_PrefixHit)->Arg(128)->Arg(1024)->Arg(4096);

@@ -58,6 +58,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tailbatch/detail/hash.hpp>
 #include <tailbatch/detail/kv/lru_list.hpp>
 #include <tailbatch/detail/kv/prefix_index.hpp>
 #include <tailbatch/detail/throw.hpp>
@@ -88,7 +89,7 @@ concept KvBlockHasher = std::default_initializable<H> && std::copy_constructible
 
 // The default KvBlockHasher: integral and enum tokens are mixed as they are, others through
 // std::hash<Token>; a multiply-rotate step per token in four interleaved lanes, the lanes
-// rotated apart, summed and finalized (MurmurHash3's 64-bit finalizer).
+// rotated apart, summed and finalized (detail::mix64).
 template <class Token>
   requires std::integral<Token> || std::is_enum_v<Token> ||
            requires(const Token& t) { std::hash<Token>{}(t); }
@@ -108,7 +109,7 @@ struct KvBlockHash {
       lane[3] = step(lane[3], t[3]);
     }
     for (std::size_t j = 0; j < n % 4; ++j) lane[j] = step(lane[j], t[j]);
-    return detail::kv::mix64(lane[0] + std::rotl(lane[1], 16) + std::rotl(lane[2], 32) +
+    return detail::mix64(lane[0] + std::rotl(lane[1], 16) + std::rotl(lane[2], 32) +
                              std::rotl(lane[3], 48) + static_cast<std::uint64_t>(tokens.size()));
   }
 

@@ -11,22 +11,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <tailbatch/detail/hash.hpp>
 #include <vector>
 
 namespace tailbatch::detail::kv {
 
 // A block id that names no block: an empty slot, the end of a list, a miss.
 inline constexpr std::uint32_t no_block = 0xFFFFFFFFu;
-
-// A 64-bit finalizer (MurmurHash3's fmix64): every output bit depends on every input bit.
-[[nodiscard]] constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
-  x ^= x >> 33;
-  x *= 0xFF51AFD7ED558CCDull;
-  x ^= x >> 33;
-  x *= 0xC4CEB9FE1A85EC53ull;
-  x ^= x >> 33;
-  return x;
-}
 
 class PrefixIndex {
  public:
