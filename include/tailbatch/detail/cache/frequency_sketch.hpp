@@ -19,20 +19,10 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <tailbatch/detail/hash.hpp>
 #include <vector>
 
 namespace tailbatch::detail {
-
-// A 64-bit finalizer (splitmix64's): every output bit depends on every input bit, so that
-// a user's hash that is the identity on integers still spreads over shards and counters.
-[[nodiscard]] constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
 
 class FrequencySketch {
  public:
