@@ -13,10 +13,48 @@
 # installs (scripts/test.sh runs it first). Where promtool is missing the test FAILS and
 # says how to install it: a lint that did not run must never look like one that passed.
 #
+# A second test, `prometheus_rules`, checks the recording and alerting rules under
+# deploy/prometheus/: `promtool check rules`, then `promtool test rules` on every unit test
+# in deploy/prometheus/tests/ (each burn-rate alert fires on a series that burns the error
+# budget and stays quiet on one that does not), and yamllint --strict where it is installed.
+#
 # This file plays two parts: included by tests/CMakeLists.txt it registers the program
-# and the test; run by that test with `cmake -P` it runs the program, then promtool.
+# and the tests; run by a test with `cmake -P` it runs the program, then promtool (or, with
+# -DRULES=dir, checks and tests the rules).
 
-if(CMAKE_SCRIPT_MODE_FILE)
+if(CMAKE_SCRIPT_MODE_FILE AND RULES)
+  find_program(_promtool promtool)
+  if(NOT _promtool)
+    message(FATAL_ERROR "promtool not found, so the rules were not checked. Install Debian's "
+                        "prometheus package (scripts/deps.sh --test) and run the test again.")
+  endif()
+  file(GLOB _rules ${RULES}/*.yaml)
+  file(GLOB _unit_tests ${RULES}/tests/*.yaml)
+  if(NOT _rules OR NOT _unit_tests)
+    message(FATAL_ERROR "no rules (${RULES}/*.yaml) or no unit tests (${RULES}/tests/*.yaml)")
+  endif()
+  execute_process(COMMAND ${_promtool} check rules ${_rules} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+  message("${_out}")
+  if(NOT _rc EQUAL 0)
+    message(FATAL_ERROR "promtool check rules failed (exit ${_rc})")
+  endif()
+  execute_process(COMMAND ${_promtool} test rules ${_unit_tests} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+  message("${_out}")
+  if(NOT _rc EQUAL 0)
+    message(FATAL_ERROR "promtool test rules failed (exit ${_rc})")
+  endif()
+  find_program(_yamllint yamllint)
+  if(_yamllint)
+    execute_process(COMMAND ${_yamllint} --strict -c ${RULES}/.yamllint ${_rules} ${_unit_tests}
+                    RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+    if(NOT _rc EQUAL 0)
+      message(FATAL_ERROR "yamllint rejected the rules (exit ${_rc}):\n${_out}")
+    endif()
+    message("yamllint: the rules and their unit tests are clean")
+  else()
+    message("yamllint not found: the rules were checked by promtool only (Debian's yamllint adds the lint)")
+  endif()
+elseif(CMAKE_SCRIPT_MODE_FILE)
   find_program(_promtool promtool)
   if(NOT _promtool)
     message(FATAL_ERROR "promtool not found, so the exposition was not checked. Install Debian's "
@@ -86,4 +124,8 @@ else()
                    "-DFAMILIES=${_families_arg}"
                    -P ${CMAKE_CURRENT_LIST_FILE})
   set_tests_properties(promtool_check_metrics PROPERTIES LABELS unit TIMEOUT 120)
+
+  add_test(NAME prometheus_rules
+           COMMAND ${CMAKE_COMMAND} -DRULES=${PROJECT_SOURCE_DIR}/deploy/prometheus -P ${CMAKE_CURRENT_LIST_FILE})
+  set_tests_properties(prometheus_rules PROPERTIES LABELS "unit;deploy" TIMEOUT 120)
 endif()
