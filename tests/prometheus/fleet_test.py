@@ -11,13 +11,16 @@ label prometheus).
 2. Puts open-loop load on both with `tailbatch-load --url`: Poisson classify requests on
    each replica, and a little generation (POST /v1/generate) so that time to first token
    and tokens per second have data.
-3. Once Prometheus has scraped the final counts, queries its HTTP API and checks:
-   - request counts: each replica's tailbatch_serve_request_duration_seconds_count and
-     responses_total equal the responses its load generator received, and the fleet's sum
-     equals theirs;
+3. Once Prometheus has scraped the final counts, queries its HTTP API and checks, for the
+   server's per-route request duration (tailbatch_serve_request_duration_seconds, where
+   it is exported) and the Pipeline's end-to-end latency (which counts from the same
+   arrival, the headers read):
+   - request counts: each replica's responses_total, and what each latency family's
+     `_count` grew by during the load (`x - x @ t0`), equal the responses its load
+     generator received, and their sums over the fleet the total;
    - the fleet's p99 from summed buckets, histogram_quantile(0.99, sum by (le)
-     (rate(..._bucket[1m]))) and the same over the raw counters, against the load
-     generators' own p99s: a server sees each request for less time than its client (from
+     (rate(..._bucket[1m]))) and the same over the counters' growth during the load,
+     against the load generators' own p99s: a server sees each request for less time than its client (from
      the moment the request was written), so the server's true p99 lies at or below the
      client's; the estimate is within the buckets' error e of the server's true p99. Each
      replica's p99 is checked against its own generator; the fleet's, whose true value
@@ -248,6 +251,23 @@ def main():
           "prometheus scrapes both replicas (%s)" % "; ".join("%s %s %s" % (t["scrapeUrl"], t["health"], t["lastError"])
                                                              for t in targets))
 
+    # The latency families to check: the server's per-route request duration when it
+    # exports it, and always the Pipeline's end-to-end latency (from the same arrival).
+    families = []
+    if prom.query('tailbatch_serve_request_duration_seconds_count{route="classify"}'):
+        families.append(("tailbatch_serve_request_duration_seconds", 'route="classify"'))
+    else:
+        print("tailbatch_serve_request_duration_seconds{route=\"classify\"} is not exported: checking the "
+              "Pipeline's histograms only", flush=True)
+    families.append(("tailbatch_pipeline_end_to_end_seconds", 'pipeline="classify"'))
+
+    # Before the load: every replica scraped at least once more, and the time noted, so
+    # that `x - x @ t0` is exactly what the load added (the Pipeline's counts include its
+    # warm-up).
+    time.sleep(2.5)
+    t0 = time.time()
+    time.sleep(0.5)
+
     # Open-loop load: classify on both replicas, a little generation on both.
     print("load: %g s of Poisson arrivals, 100 classify/s and 5 generate/s on each replica" % a.seconds, flush=True)
     classify, generate = [], []
@@ -266,10 +286,10 @@ def main():
 
     # Wait for the scrape that has every response (the load generators are done).
     want = [c[i]["responses"] for i in range(2)]
-    count_expr = 'tailbatch_serve_request_duration_seconds_count{route="classify",instance="%s"}'
+    responses_expr = 'sum(tailbatch_serve_responses_total{route="classify",instance="%s"})'
     end = time.monotonic() + min(15, left())
     while time.monotonic() < end:
-        have = [prom.scalar(count_expr % inst) for inst in instances]
+        have = [prom.scalar(responses_expr % inst) for inst in instances]
         if have == want:
             break
         time.sleep(0.25)
@@ -277,43 +297,53 @@ def main():
 
     # Request counts: per replica, and summed over the fleet.
     for i, inst in enumerate(instances):
-        n = prom.scalar(count_expr % inst)
-        check(n == want[i], "replica %s: _count %g equals its load generator's %d responses" % ("ab"[i], n, want[i]))
-        r = prom.scalar('sum(tailbatch_serve_responses_total{route="classify",instance="%s"})' % inst)
-        check(r == want[i], "replica %s: responses_total %g equals them too" % ("ab"[i], r))
-    fleet_n = prom.scalar('sum(tailbatch_serve_request_duration_seconds_count{route="classify"})')
-    check(fleet_n == sum(want), "fleet: sum of _count over the replicas %g equals the %d responses" % (fleet_n, sum(want)))
-    gen_n = prom.scalar('sum(tailbatch_serve_request_duration_seconds_count{route="generate"})')
-    check(gen_n == sum(r["responses"] for r in g), "fleet: generate _count %g equals its %d responses"
+        r = prom.scalar(responses_expr % inst)
+        check(r == want[i], "replica %s: responses_total %g equals its load generator's %d responses"
+              % ("ab"[i], r, want[i]))
+        for name, sel in families:
+            n = prom.scalar('%s_count{%s,instance="%s"} - %s_count{%s,instance="%s"} @ %.3f'
+                            % (name, sel, inst, name, sel, inst, t0))
+            check(n == want[i], "replica %s: %s_count grew by %g, its load generator's %d responses"
+                  % ("ab"[i], name, n, want[i]))
+    fleet_r = prom.scalar('sum(tailbatch_serve_responses_total{route="classify"})')
+    check(fleet_r == sum(want), "fleet: responses_total summed over the replicas %g equals the %d responses"
+          % (fleet_r, sum(want)))
+    for name, sel in families:
+        n = prom.scalar('sum(%s_count{%s}) - sum(%s_count{%s} @ %.3f)' % (name, sel, name, sel, t0))
+        check(n == sum(want), "fleet: %s_count summed over the replicas grew by %g, the %d responses"
+              % (name, n, sum(want)))
+    gen_n = prom.scalar('sum(tailbatch_serve_responses_total{route="generate"})')
+    check(gen_n == sum(r["responses"] for r in g), "fleet: generate responses_total %g equals its %d responses"
           % (gen_n, sum(r["responses"] for r in g)))
 
-    # The buckets' error, from the bounds the replicas really export.
-    les = sorted({float(s[0]["le"]) for s in prom.query(
-        'group by (le) (tailbatch_serve_request_duration_seconds_bucket{route="classify"})') if s[0]["le"] != "+Inf"})
-    error = max((b - a_) / a_ for a_, b in zip(les, les[1:])) if len(les) > 1 else float("nan")
-    check(finite(error), "the replicas export %d bounds from %g to %g s; error of a quantile within one: %.3f"
-          % (len(les), les[0] if les else 0, les[-1] if les else 0, error))
-
-    def within(estimate, low_client, high_client, what):
-        upper = (1 + error) * high_client
-        delta = DELTA_S + DELTA_SHARE * low_client
-        lower = (1 - error) * (low_client - delta)
-        check(finite(estimate) and lower <= estimate <= upper,
-              "%s: %.3f ms within [%.3f, %.3f] ms (client p99 from send %.3f..%.3f ms, error %.2f, d %.3f ms)"
-              % (what, estimate * 1e3, lower * 1e3, upper * 1e3, low_client * 1e3, high_client * 1e3, error,
-                 delta * 1e3))
-
     client = [c[i]["p99_from_send_ms"] / 1e3 for i in range(2)]
-    for i, inst in enumerate(instances):
-        est = prom.scalar('histogram_quantile(0.99, sum by (le) (rate(tailbatch_serve_request_duration_seconds_bucket'
-                          '{route="classify",instance="%s"}[1m])))' % inst)
-        within(est, client[i], client[i], "replica %s p99 from its buckets" % "ab"[i])
-    fleet_rate = prom.scalar('histogram_quantile(0.99, sum by (le) (rate(tailbatch_serve_request_duration_seconds_bucket'
-                             '{route="classify"}[1m])))')
-    within(fleet_rate, min(client), max(client), "fleet p99, histogram_quantile over sum by (le) of rate([1m])")
-    fleet_raw = prom.scalar('histogram_quantile(0.99, sum by (le) (tailbatch_serve_request_duration_seconds_bucket'
-                            '{route="classify"}))')
-    within(fleet_raw, min(client), max(client), "fleet p99 over the summed counters")
+    for name, sel in families:
+        # The buckets' error, from the bounds the replicas really export.
+        les = sorted({float(x[0]["le"]) for x in prom.query('group by (le) (%s_bucket{%s})' % (name, sel))
+                      if x[0]["le"] != "+Inf"})
+        error = max((hi - lo) / lo for lo, hi in zip(les, les[1:])) if len(les) > 1 else float("nan")
+        check(finite(error), "%s: %d bounds from %g to %g s; error of a quantile within one: %.3f"
+              % (name, len(les), les[0] if les else 0, les[-1] if les else 0, error))
+
+        def within(estimate, low_client, high_client, what):
+            upper = (1 + error) * high_client
+            delta = DELTA_S + DELTA_SHARE * low_client
+            lower = (1 - error) * (low_client - delta)
+            check(finite(estimate) and lower <= estimate <= upper,
+                  "%s: %.3f ms within [%.3f, %.3f] ms (client p99 from send %.3f..%.3f ms, error %.2f, d %.3f ms)"
+                  % (what, estimate * 1e3, lower * 1e3, upper * 1e3, low_client * 1e3, high_client * 1e3, error,
+                     delta * 1e3))
+
+        for i, inst in enumerate(instances):
+            est = prom.scalar('histogram_quantile(0.99, sum by (le) (rate(%s_bucket{%s,instance="%s"}[1m])))'
+                              % (name, sel, inst))
+            within(est, client[i], client[i], "replica %s p99 from its %s buckets" % ("ab"[i], name))
+        fleet_rate = prom.scalar('histogram_quantile(0.99, sum by (le) (rate(%s_bucket{%s}[1m])))' % (name, sel))
+        within(fleet_rate, min(client), max(client),
+               "fleet p99, histogram_quantile(0.99, sum by (le) (rate(%s_bucket[1m])))" % name)
+        fleet_delta = prom.scalar('histogram_quantile(0.99, sum by (le) (%s_bucket{%s} - %s_bucket{%s} @ %.3f))'
+                                  % (name, sel, name, sel, t0))
+        within(fleet_delta, min(client), max(client), "fleet p99 over the summed counters' growth (%s)" % name)
     print("the load generators' open-loop p99s (from intended send): %.3f and %.3f ms"
           % (c[0]["p99_ms"], c[1]["p99_ms"]), flush=True)
 
@@ -335,10 +365,12 @@ def main():
 
     # Every query of the dashboard.
     slo = SLO_MS / 1e3
+    les = sorted({float(x[0]["le"]) for x in prom.query(
+        'group by (le) (tailbatch_serve_request_duration_seconds_bucket{route="classify"})') if x[0]["le"] != "+Inf"})
     slo_le = next((le for le in reversed(les) if le <= slo), les[0] if les else slo)
-    slo_le_text = next(s[0]["le"] for s in prom.query(
+    slo_le_text = next((x[0]["le"] for x in prom.query(
         'group by (le) (tailbatch_serve_request_duration_seconds_bucket{route="classify"})')
-        if s[0]["le"] != "+Inf" and float(s[0]["le"]) == slo_le)
+        if x[0]["le"] != "+Inf" and float(x[0]["le"]) == slo_le), repr(slo))
     print("dashboard: $slo_le = %s (%s)" % (slo_le_text, "the SLO target itself" if slo_le == slo else
                                             "the largest exported bound below the %g s target" % slo), flush=True)
     with open(a.dashboard) as f:
