@@ -15,18 +15,17 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <vector>
-
 #include <tailbatch/detail/histogram/layout.hpp>
 #include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/metrics/text.hpp>
+#include <vector>
 
 namespace tailbatch::detail {
 
 // One histogram layout's export: parallel arrays, ascending; `+Inf` is implied.
 struct ExportBuckets {
-  std::vector<double> le_seconds;               // the upper bounds as exported
-  std::vector<std::string> le_text;             // ... as written in the `le` label
+  std::vector<double> le_seconds;                  // the upper bounds as exported
+  std::vector<std::string> le_text;                // ... as written in the `le` label
   std::vector<std::chrono::nanoseconds> count_at;  // the layout boundary each is counted at
   double max_relative_error = 0.0;
 };
@@ -35,11 +34,14 @@ struct ExportBuckets {
 struct WantedBound {
   double seconds = 0.0;
   std::uint64_t ns = 0;
-  friend bool operator<(const WantedBound& a, const WantedBound& b) noexcept { return a.seconds < b.seconds; }
+  friend bool operator<(const WantedBound& a, const WantedBound& b) noexcept {
+    return a.seconds < b.seconds;
+  }
 };
 
 // 2^e * (1 + j/k) ns for every e, j with that value in [lowest, highest] (k a power of two).
-[[nodiscard]] inline std::vector<std::uint64_t> coarsened_bounds(int per_octave, std::uint64_t lowest,
+[[nodiscard]] inline std::vector<std::uint64_t> coarsened_bounds(int per_octave,
+                                                                 std::uint64_t lowest,
                                                                  std::uint64_t highest) {
   std::vector<std::uint64_t> out;
   const auto k = static_cast<std::uint64_t>(per_octave);
@@ -57,7 +59,8 @@ struct WantedBound {
 
 // The bounds `wanted` (seconds, with the nanoseconds each stands for) as a layout exports
 // them. `wanted` may be in any order and hold duplicates.
-[[nodiscard]] inline ExportBuckets export_buckets(std::vector<WantedBound> wanted, const HistogramLayout& layout) {
+[[nodiscard]] inline ExportBuckets export_buckets(std::vector<WantedBound> wanted,
+                                                  const HistogramLayout& layout) {
   std::stable_sort(wanted.begin(), wanted.end());
   ExportBuckets out;
   std::uint64_t low = 0;  // the lower end of the bucket being closed: asked for or counted at
@@ -72,15 +75,16 @@ struct WantedBound {
     // the span of both over the lower end of both (exact integers: 1/k exactly).
     const std::uint64_t high = std::max(w.ns, at);
     if (!out.le_seconds.empty()) {
-      out.max_relative_error =
-          std::max(out.max_relative_error, static_cast<double>(high - low) / static_cast<double>(low));
+      out.max_relative_error = std::max(out.max_relative_error,
+                                        static_cast<double>(high - low) / static_cast<double>(low));
     }
     low = std::min(w.ns, at);
     out.le_seconds.push_back(w.seconds);
     std::string text;
     append_finite_double(text, w.seconds);
     out.le_text.push_back(std::move(text));
-    out.count_at.push_back(std::chrono::nanoseconds(static_cast<std::chrono::nanoseconds::rep>(at)));
+    out.count_at.push_back(
+        std::chrono::nanoseconds(static_cast<std::chrono::nanoseconds::rep>(at)));
   }
   return out;
 }
