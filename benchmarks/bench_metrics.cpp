@@ -5,7 +5,12 @@
 //   BM_Baseline_AtomicIncrement  one relaxed fetch_add on one shared std::atomic<uint64_t>
 //   BM_Gauge_Add                 Gauge::add(+1) then add(-1), as an in-flight gauge is used
 //   BM_Prometheus_Exposition     prometheus() on a registry shaped like one pipeline's
-//                                metrics (about 30 series, 4 summaries of 10^4 samples)
+//                                metrics (about 30 series, 4 latency histograms of 10^4
+//                                samples), /0 as Prometheus histograms (93 buckets each,
+//                                the default), /1 as summaries (LatencyExport::summary)
+//   BM_LatencyHistogram_Record   LatencyHistogram::record(), the baseline of ...
+//   BM_WindowedHistogram_Record  WindowedHistogram::record(): a RollingHistogram's slot
+//                                and the cumulative LatencyHistogram behind its buckets
 //
 // Threaded runs use UseRealTime(), so items_per_second is the aggregate throughput. What
 // this does not show: contention between more threads than the machine has cores, and
@@ -52,7 +57,9 @@ BENCHMARK(BM_Gauge_Add)->Threads(1)->Threads(2)->UseRealTime();
 
 void BM_Prometheus_Exposition(benchmark::State& state) {
   using namespace std::chrono_literals;
-  tailbatch::MetricsRegistry r;
+  tailbatch::MetricsRegistryConfig config;
+  if (state.range(0) == 1) config.latency_export = tailbatch::LatencyExport::summary;
+  tailbatch::MetricsRegistry r(config);
   const tailbatch::Labels p{{"pipeline", "classifier"}};
   for (const char* status : {"ok", "rejected", "deadline_exceeded", "cancelled", "failed"}) {
     r.counter("tailbatch_requests_total", "Requests by status.",
@@ -86,7 +93,29 @@ void BM_Prometheus_Exposition(benchmark::State& state) {
   state.counters["bytes"] = static_cast<double>(bytes);
   state.SetItemsProcessed(state.iterations());
 }
-BENCHMARK(BM_Prometheus_Exposition)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Prometheus_Exposition)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+
+// Durations that walk over a few hundred buckets, as a server's latencies do.
+std::chrono::nanoseconds bench_duration(std::uint64_t i) {
+  return std::chrono::nanoseconds(100000 + static_cast<std::int64_t>((i * 7919) % 5000000));
+}
+
+void BM_LatencyHistogram_Record(benchmark::State& state) {
+  auto& h = shared_registry().histogram("bench_plain_seconds", "Benchmark histogram.");
+  std::uint64_t i = 0;
+  for (auto _ : state) h.record(bench_duration(i++));
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_LatencyHistogram_Record);
+
+void BM_WindowedHistogram_Record(benchmark::State& state) {
+  using namespace std::chrono_literals;
+  auto& h = shared_registry().windowed_histogram("bench_windowed_seconds", "Benchmark histogram.", {}, 60s);
+  std::uint64_t i = 0;
+  for (auto _ : state) h.record(bench_duration(i++));
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_WindowedHistogram_Record);
 
 }  // namespace
 

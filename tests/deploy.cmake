@@ -1,5 +1,5 @@
 # The Kubernetes manifests under deploy/kubernetes/, checked (label `deploy`) by
-# tests/deploy/check_manifests.py:
+# tests/deploy/check_manifests.py (ctest deploy_manifests):
 #   * every file parses and passes yamllint (Debian's yamllint) with warnings as errors;
 #   * every tailbatch metric name they reference, and every label selector on one, is
 #     matched by what tailbatch-serve really exports: the script starts the server on
@@ -13,6 +13,24 @@
 # Where yamllint is missing the test says why and ctest reports it skipped. Needs python3.
 add_executable(deploy_exported_metrics ${CMAKE_CURRENT_SOURCE_DIR}/deploy/exported_metrics.cpp)
 target_link_libraries(deploy_exported_metrics PRIVATE tailbatch_dev)
+
+# deploy_manifests_schema (label `deploy`): every object under deploy/kubernetes/ validated
+# against Kubernetes' and KEDA's own schemas (the npm packages kubernetes-models and
+# @kubernetes-models/keda), and compiled as its model's TypeScript type so that a misspelt
+# field fails too; tests/deploy/schema/validate.mjs. The packages are pinned in
+# tests/deploy/schema/package.json and package-lock.json and installed by
+# `scripts/deps.sh --test` (npm ci). Without Node or without them the test fails and says
+# how to install them: a schema check that did not run must not look like one that passed.
+find_program(TAILBATCH_NODE node)
+if(TAILBATCH_NODE)
+  add_test(NAME deploy_manifests_schema
+           COMMAND ${TAILBATCH_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/deploy/schema/validate.mjs
+                   ${PROJECT_SOURCE_DIR}/deploy/kubernetes ${CMAKE_CURRENT_BINARY_DIR}/deploy_schema)
+else()
+  add_test(NAME deploy_manifests_schema
+           COMMAND sh -c "echo 'FAIL: node not found, so the manifests were not validated. Run scripts/deps.sh --test.'; exit 1")
+endif()
+set_tests_properties(deploy_manifests_schema PROPERTIES LABELS deploy TIMEOUT 120)
 
 find_package(Python3 COMPONENTS Interpreter QUIET)
 if(NOT Python3_Interpreter_FOUND)

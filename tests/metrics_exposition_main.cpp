@@ -7,7 +7,8 @@
 //   Pipeline + ConcurrencyLimiter (AIMD)  tailbatch_pipeline_*, tailbatch_limiter_*
 //   ContinuousBatcher                     tailbatch_generation_* (its streams' metrics too)
 //   TokenStreamer on its own              StreamMetrics::registered
-//   LatencyHistogram, WindowedHistogram   the registry's summaries, cumulative and windowed
+//   LatencyHistogram, WindowedHistogram   the registry's latency histograms, cumulative and
+//                                         windowed, with an extra bound (an SLO target)
 //   cuda::FallbackLanes (CUDA builds)     tailbatch_lanes_host_fallback, and on a GPU the
 //                                         StreamPool's tailbatch_cuda_* metrics
 //
@@ -19,6 +20,9 @@
 // Last come the awkward cases the text format has to survive: escaped label values and
 // help text, non-ASCII, special float values, a callback gauge that throws, and one that
 // was unregistered before the scrape.
+//
+// Latency histograms are written as Prometheus histograms (the registry's default), or as
+// summaries with `--summary` (LatencyExport::summary); tests/promtool.cmake lints both.
 //
 // Exit status: 0 with the exposition written; 1 if a component did not behave as driven
 // (the traffic below checks its own outcomes, so that the exposition shows what it says).
@@ -191,8 +195,8 @@ void drive_streamer(tailbatch::MetricsRegistry& registry, ManualClock clock) {
   failed_stream.close(Status::failed, "the decode loop failed");
 }
 
-// What a server registers itself: a plain and a windowed latency summary (the windowed one
-// on the ManualClock), and an empty one (NaN quantiles).
+// What a server registers itself: a plain and a windowed latency histogram (the windowed one
+// on the ManualClock), and an empty one (zero buckets; NaN quantiles as a summary).
 void drive_histograms(tailbatch::MetricsRegistry& registry, ManualClock clock) {
   auto& total = registry.histogram("tailbatch_server_request_seconds", "Time from arrival to response",
                                    {{"route", "classify"}});
@@ -238,8 +242,11 @@ std::vector<tailbatch::CallbackRegistration> format_cases(tailbatch::MetricsRegi
 
 }  // namespace
 
-int main() {
-  tailbatch::MetricsRegistry registry;
+int main(int argc, char** argv) {
+  tailbatch::MetricsRegistryConfig config;
+  if (argc > 1 && std::string(argv[1]) == "--summary") config.latency_export = tailbatch::LatencyExport::summary;
+  config.buckets.extra_boundaries_seconds = {0.15};
+  tailbatch::MetricsRegistry registry(config);
   ManualClock clock;
   PipelineRig pipeline(registry, clock);
   pipeline.drive();

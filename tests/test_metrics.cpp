@@ -1,12 +1,15 @@
 // tailbatch/metrics.hpp: the registry's kinds, labels, validation and escaping, the exact
 // Prometheus text it writes, its JSON, callback gauges, concurrent updates (exact totals,
 // run under TSan in CI).
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -383,13 +386,13 @@ TEST_CASE("the same name with another kind throws, naming both kinds", "[metrics
   MetricsRegistry r;
   (void)r.gauge("tailbatch_depth", "h");
   CHECK_THROWS_MATCHES((void)r.histogram("tailbatch_depth", "h"), std::invalid_argument,
-                       MessageContains("tailbatch_depth") && MessageContains("already registered as a gauge") && MessageContains("summary"));
+                       MessageContains("tailbatch_depth") && MessageContains("already registered as a gauge") && MessageContains("histogram"));
 
   (void)r.histogram("tailbatch_wait_seconds", "h");
   CHECK_THROWS_MATCHES((void)r.gauge("tailbatch_wait_seconds", "h", {{"a", "b"}}), std::invalid_argument,
-                       MessageContains("already registered as a summary"));
+                       MessageContains("already registered as a histogram"));
   CHECK_THROWS_MATCHES(([&] { (void)r.gauge_callback("tailbatch_wait_seconds", "h", {}, [] { return 1.0; }); }()), std::invalid_argument,
-                       MessageContains("already registered as a summary"));
+                       MessageContains("already registered as a histogram"));
 }
 
 TEST_CASE("invalid names, labels and help are rejected and change nothing", "[metrics]") {
@@ -450,7 +453,11 @@ TEST_CASE("invalid names, labels and help are rejected and change nothing", "[me
       {[&] {
          (void)r.histogram("s_seconds", "h", {{"quantile", "0.5"}});
        },
-       "reserved for the quantiles"},
+       "label name \"quantile\" is reserved for the buckets (le) and quantiles (quantile)"},
+      {[&] {
+         (void)r.windowed_histogram("s_seconds", "h", {{"le", "1"}}, 60s);
+       },
+       "label name \"le\" is reserved"},
       {[&] { (void)r.gauge_callback("cb", "h", {}, {}); }, "fn is empty"},
       {[&] {
          tailbatch::LatencyHistogramConfig bad;
@@ -464,12 +471,12 @@ TEST_CASE("invalid names, labels and help are rejected and change nothing", "[me
                        MessageContains(c.expected));
   }
   CHECK(r.prometheus() == before);
-  // A quantile label is fine outside histograms, a name may start with an underscore.
-  CHECK_NOTHROW(r.gauge("_private", "h", {{"quantile", "x"}, {"_a", ""}}));
+  // `le` and `quantile` labels are fine outside histograms, a name may start with an underscore.
+  CHECK_NOTHROW(r.gauge("_private", "h", {{"quantile", "x"}, {"le", "y"}, {"_a", ""}}));
 }
 
-TEST_CASE("histograms are exposed as summaries in seconds", "[metrics]") {
-  MetricsRegistry r;
+TEST_CASE("with LatencyExport::summary, histograms are exposed as summaries in seconds", "[metrics]") {
+  MetricsRegistry r(tailbatch::MetricsRegistryConfig{.latency_export = tailbatch::LatencyExport::summary});
   auto& h =
       r.histogram("tailbatch_end_to_end_seconds", "End-to-end latency.", {{"pipeline", "p1"}});
 
@@ -559,7 +566,7 @@ TEST_CASE("callback gauges are read at exposition and removed by their handle", 
     CHECK(!contains(r.prometheus(), "tailbatch_in_flight"));
     // With the family gone the name is free again, even for another kind.
     (void)r.histogram("tailbatch_in_flight", "Now a histogram.");
-    CHECK(contains(r.prometheus(), "# TYPE tailbatch_in_flight summary\n"));
+    CHECK(contains(r.prometheus(), "# TYPE tailbatch_in_flight histogram\n"));
   }
 
   SECTION("handles move; the moved-from handle unregisters nothing") {
@@ -652,12 +659,22 @@ TEST_CASE("json() is valid JSON with the same content as the text format", "[met
   CHECK(families[1]["samples"].array.at(0)["labels"]["pipeline"].string == "p");
   CHECK(families[1]["samples"].array.at(0)["value"].number == 0.25);
 
-  const Json& summary = families[2];
-  CHECK(summary["type"].string == "summary");
-  CHECK(summary["help"].string == "Model time.\nPer batch.");
-  const Json& s = summary["samples"].array.at(0);
+  const Json& histogram = families[2];
+  CHECK(histogram["type"].string == "histogram");
+  CHECK(histogram["help"].string == "Model time.\nPer batch.");
+  const Json& s = histogram["samples"].array.at(0);
   CHECK(s["count"].number == 100.0);
   CHECK(s["sum"].number == Approx(1.0).epsilon(1e-9));
+  // The buckets as in the text format: every `le` bound, cumulative, then +Inf.
+  const Json& buckets = s["buckets"];
+  const auto bounds = r.exported_buckets().upper_bounds_seconds;
+  REQUIRE(buckets.keys.size() == bounds.size() + 1);
+  for (std::size_t i = 0; i < bounds.size(); ++i) {
+    CHECK(std::strtod(buckets.keys[i].c_str(), nullptr) == bounds[i]);
+    CHECK(buckets.array[i].number == (bounds[i] > 0.010 ? 100.0 : 0.0));
+  }
+  CHECK(buckets.keys.back() == "+Inf");
+  CHECK(buckets.array.back().number == 100.0);
   const Json& quantiles = s["quantiles"];
   REQUIRE(quantiles.keys.size() == 5);
   const char* names[] = {"0.5", "0.9", "0.95", "0.99", "0.999"};
@@ -759,10 +776,10 @@ TEST_CASE("concurrent updates, registrations and scrapes give exact totals", "[m
   }
 }
 
-TEST_CASE("windowed histograms: recent quantiles, cumulative count and sum",
+TEST_CASE("windowed histograms as summaries: recent quantiles, cumulative count and sum",
           "[metrics][windowed]") {
   tailbatch::ManualClock clock;
-  MetricsRegistry r;
+  MetricsRegistry r(tailbatch::MetricsRegistryConfig{.latency_export = tailbatch::LatencyExport::summary});
   auto& w = r.windowed_histogram("tailbatch_end_to_end_seconds", "End-to-end latency.",
                                  {{"pipeline", "p"}}, 60s, 6, {}, clock);
   CHECK(w.window() == 60s);
@@ -853,4 +870,381 @@ TEST_CASE("windowed histograms record from many threads with exact totals",
     CHECK(w.count() == total);
     CHECK(w.sum_seconds() == Approx(static_cast<double>(total) * 1e-3).epsilon(1e-9));
   }
+}
+
+// ---- Prometheus histograms ---------------------------------------------------------------
+
+namespace {
+
+// One `_bucket` series as Prometheus reads it: (le, cumulative count), +Inf last.
+using Buckets = std::vector<std::pair<double, double>>;
+
+// The `_bucket` lines of `name` whose labels (without le) are exactly `labels`, in order.
+Buckets buckets_of(const std::string& text, const std::string& name, const std::string& labels) {
+  Buckets out;
+  const std::string prefix = name + "_bucket{" + (labels.empty() ? "" : labels + ",") + "le=\"";
+  for (const auto& line : lines_of(text)) {
+    if (line.rfind(prefix, 0) != 0) continue;
+    const auto close = line.find("\"} ", prefix.size());
+    REQUIRE(close != std::string::npos);
+    const std::string le = line.substr(prefix.size(), close - prefix.size());
+    const double bound = le == "+Inf" ? INFINITY : std::strtod(le.c_str(), nullptr);
+    out.emplace_back(bound, std::strtod(line.c_str() + close + 3, nullptr));
+  }
+  return out;
+}
+
+// Prometheus' histogram_quantile() over classic buckets (promql/quantile.go, bucketQuantile):
+// the bucket where the cumulative count reaches q * total, linear interpolation inside it,
+// the lower bound of the first bucket 0, and the +Inf bucket answered by the bound below it.
+double histogram_quantile(double q, const Buckets& b) {
+  if (b.size() < 2 || !std::isinf(b.back().first)) return std::nan("");
+  const double total = b.back().second;
+  if (total == 0) return std::nan("");
+  double rank = q * total;
+  std::size_t i = 0;
+  while (i < b.size() - 1 && b[i].second < rank) ++i;
+  if (i == b.size() - 1) return b[b.size() - 2].first;
+  double start = 0.0;
+  double count = b[i].second;
+  if (i > 0) {
+    start = b[i - 1].first;
+    count -= b[i - 1].second;
+    rank -= b[i - 1].second;
+  }
+  return start + (b[i].first - start) * (rank / count);
+}
+
+// sum by (le): the buckets of several replicas added up (same bounds).
+Buckets sum_by_le(const std::vector<Buckets>& replicas) {
+  Buckets out = replicas.at(0);
+  for (std::size_t r = 1; r < replicas.size(); ++r) {
+    REQUIRE(replicas[r].size() == out.size());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      REQUIRE(replicas[r][i].first == out[i].first);
+      out[i].second += replicas[r][i].second;
+    }
+  }
+  return out;
+}
+
+// The exact q-quantile of samples by nearest rank, as LatencyHistogram defines it.
+double exact_quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::max<std::size_t>(rank, 1) - 1];
+}
+
+}  // namespace
+
+TEST_CASE("histograms are exposed as Prometheus histograms in seconds", "[metrics][buckets]") {
+  tailbatch::MetricsRegistryConfig config;
+  config.buckets.boundaries_seconds = {0.001, 0.0025, 0.01};
+  MetricsRegistry r(config);
+  auto& h = r.histogram("tailbatch_end_to_end_seconds", "End-to-end latency.", {{"pipeline", "p1"}});
+
+  SECTION("empty: zero buckets, sum and count, exact text") {
+    CHECK(r.prometheus() ==
+          "# HELP tailbatch_end_to_end_seconds End-to-end latency.\n"
+          "# TYPE tailbatch_end_to_end_seconds histogram\n"
+          "tailbatch_end_to_end_seconds_bucket{pipeline=\"p1\",le=\"0.001\"} 0\n"
+          "tailbatch_end_to_end_seconds_bucket{pipeline=\"p1\",le=\"0.0025\"} 0\n"
+          "tailbatch_end_to_end_seconds_bucket{pipeline=\"p1\",le=\"0.01\"} 0\n"
+          "tailbatch_end_to_end_seconds_bucket{pipeline=\"p1\",le=\"+Inf\"} 0\n"
+          "tailbatch_end_to_end_seconds_sum{pipeline=\"p1\"} 0\n"
+          "tailbatch_end_to_end_seconds_count{pipeline=\"p1\"} 0\n");
+  }
+
+  SECTION("cumulative counts below each bound, +Inf equal to _count, exact sum") {
+    // 0.5, 0.9 and 2 ms are far from every bound; 20 ms is above the last.
+    h.record(500us);
+    h.record(900us);
+    h.record(2ms);
+    h.record(2ms);
+    h.record(20ms);
+    CHECK(r.prometheus() ==
+          "# HELP tailbatch_end_to_end_seconds End-to-end latency.\n"
+          "# TYPE tailbatch_end_to_end_seconds histogram\n"
+          "tailbatch_end_to_end_seconds_bucket{pipeline=\"p1\",le=\"0.001\"} 2\n"
+          "tailbatch_end_to_end_seconds_bucket{pipeline=\"p1\",le=\"0.0025\"} 4\n"
+          "tailbatch_end_to_end_seconds_bucket{pipeline=\"p1\",le=\"0.01\"} 4\n"
+          "tailbatch_end_to_end_seconds_bucket{pipeline=\"p1\",le=\"+Inf\"} 5\n"
+          "tailbatch_end_to_end_seconds_sum{pipeline=\"p1\"} 0.0254\n"
+          "tailbatch_end_to_end_seconds_count{pipeline=\"p1\"} 5\n");
+  }
+
+  SECTION("reset() starts the buckets again (Prometheus reads it as a counter reset)") {
+    h.record(500us);
+    h.reset();
+    h.record(5ms);
+    const Buckets b = buckets_of(r.prometheus(), "tailbatch_end_to_end_seconds", "pipeline=\"p1\"");
+    REQUIRE(b.size() == 4);
+    CHECK(b[0].second == 0);
+    CHECK(b[2].second == 1);
+    CHECK(b[3].second == 1);
+  }
+}
+
+TEST_CASE("the default buckets: the histogram's layout, four per power of two, 10 us to 100 s",
+          "[metrics][buckets]") {
+  MetricsRegistry r;
+  const tailbatch::ExportedBuckets b = r.exported_buckets();
+  REQUIRE(b.upper_bounds_seconds.size() == 93);
+  CHECK(b.max_relative_error == 0.25);
+  for (std::size_t i = 0; i < b.upper_bounds_seconds.size(); ++i) {
+    const double ns = b.upper_bounds_seconds[i] * 1e9;
+    INFO("bound " << i << ": " << ns << " ns");
+    CHECK(ns >= 10e3);
+    CHECK(ns <= 100e9);
+    if (i > 0) CHECK(b.upper_bounds_seconds[i] > b.upper_bounds_seconds[i - 1]);
+    // 2^e * (1 + j/4): the mantissa is one of 1, 1.25, 1.5, 1.75.
+    const double mantissa = ns / std::exp2(std::floor(std::log2(ns)));
+    CHECK((mantissa == 1.0 || mantissa == 1.25 || mantissa == 1.5 || mantissa == 1.75));
+  }
+  CHECK(b.upper_bounds_seconds.front() == 10240e-9);
+  CHECK(b.upper_bounds_seconds.back() == 85899345920e-9);  // 1.25 * 2^36 ns; 1.5 * 2^36 > 100 s
+
+  // The text names exactly these bounds, in this order.
+  auto& h = r.histogram("tailbatch_x_seconds", "h");
+  h.record(3ms);
+  const Buckets text = buckets_of(r.prometheus(), "tailbatch_x_seconds", "");
+  REQUIRE(text.size() == 94);
+  for (std::size_t i = 0; i < 93; ++i) {
+    CHECK(text[i].first == b.upper_bounds_seconds[i]);
+    CHECK(text[i].second == (b.upper_bounds_seconds[i] > 0.003 ? 1.0 : 0.0));
+  }
+
+  // Eight per octave halves the error; the bounds follow the histogram's own range.
+  tailbatch::MetricsRegistryConfig eight;
+  eight.buckets.buckets_per_octave = 8;
+  CHECK(MetricsRegistry(eight).exported_buckets().max_relative_error == 0.125);
+  CHECK(MetricsRegistry(eight).exported_buckets().upper_bounds_seconds.size() == 186);
+  tailbatch::LatencyHistogramConfig narrow;
+  narrow.lowest = 1ms;
+  narrow.highest = 1s;
+  const auto nb = r.exported_buckets(narrow).upper_bounds_seconds;
+  REQUIRE(!nb.empty());
+  CHECK(nb.front() > 0.001);
+  CHECK(nb.back() <= 1.0);
+}
+
+TEST_CASE("a fleet's quantiles from summed buckets are within the stated error of the merged samples",
+          "[metrics][buckets]") {
+  // Two replicas with different latency distributions, as a fleet with one slow host has:
+  // lognormal around 4 ms on one, around 9 ms with a heavier tail on the other, and
+  // three times the traffic on the first.
+  for (const int per_octave : {4, 8}) {
+    for (const unsigned seed : {1u, 2u, 3u}) {
+      INFO(per_octave << " buckets per octave, seed " << seed);
+      tailbatch::MetricsRegistryConfig config;
+      config.buckets.buckets_per_octave = per_octave;
+      MetricsRegistry a(config);
+      MetricsRegistry b(config);
+      auto& ha = a.histogram("tailbatch_serve_request_duration_seconds", "h", {{"route", "classify"}});
+      auto& hb = b.histogram("tailbatch_serve_request_duration_seconds", "h", {{"route", "classify"}});
+      std::mt19937_64 rng(seed);
+      std::lognormal_distribution<double> fast(std::log(4e-3), 0.4);
+      std::lognormal_distribution<double> slow(std::log(9e-3), 0.7);
+      std::vector<double> all;
+      std::vector<double> only_a;
+      std::vector<double> only_b;
+      for (int i = 0; i < 30000; ++i) {
+        const double s = fast(rng);
+        ha.record(std::chrono::duration<double>(s));
+        // What the histogram holds: whole nanoseconds.
+        all.push_back(std::floor(s * 1e9) / 1e9);
+        only_a.push_back(all.back());
+      }
+      for (int i = 0; i < 10000; ++i) {
+        const double s = slow(rng);
+        hb.record(std::chrono::duration<double>(s));
+        all.push_back(std::floor(s * 1e9) / 1e9);
+        only_b.push_back(all.back());
+      }
+      const std::string name = "tailbatch_serve_request_duration_seconds";
+      const Buckets ba = buckets_of(a.prometheus(), name, "route=\"classify\"");
+      const Buckets bb = buckets_of(b.prometheus(), name, "route=\"classify\"");
+      const Buckets fleet = sum_by_le({ba, bb});
+      const double error = a.exported_buckets().max_relative_error;
+      CHECK(error == Approx(1.0 / per_octave).epsilon(1e-12));
+      for (const double q : {0.5, 0.9, 0.95, 0.99, 0.999}) {
+        const double truth = exact_quantile(all, q);
+        const double estimate = histogram_quantile(q, fleet);
+        INFO("q " << q << ": merged samples " << truth << " s, from the summed buckets " << estimate << " s");
+        CHECK(std::fabs(estimate - truth) <= error * truth);
+      }
+      // Each replica's own p99 from its own buckets, as a per-instance panel shows it.
+      for (const auto& [samples, buckets] : {std::pair{&only_a, &ba}, std::pair{&only_b, &bb}}) {
+        const double truth = exact_quantile(*samples, 0.99);
+        CHECK(std::fabs(histogram_quantile(0.99, *buckets) - truth) <= error * truth);
+      }
+    }
+  }
+}
+
+TEST_CASE("neither the mean nor the largest of the replicas' p99s is the fleet's p99", "[metrics][buckets]") {
+  // One replica takes 0.5 % of the traffic and answers it in 100 ms; the other answers in
+  // about 5 ms. The fleet's p99 is about 5 ms: the mean of the two p99s (52 ms) and their
+  // maximum (100 ms) are both wrong, while the summed buckets are right.
+  MetricsRegistry a;
+  MetricsRegistry b;
+  auto& ha = a.histogram("tailbatch_x_seconds", "h");
+  auto& hb = b.histogram("tailbatch_x_seconds", "h");
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> around_5ms(5e-3, 0.5e-3);
+  std::vector<double> all;
+  std::vector<double> only_a;
+  for (int i = 0; i < 19900; ++i) {
+    const double s = std::max(1e-3, around_5ms(rng));
+    ha.record(std::chrono::duration<double>(s));
+    all.push_back(std::floor(s * 1e9) / 1e9);
+    only_a.push_back(all.back());
+  }
+  for (int i = 0; i < 100; ++i) {
+    hb.record(100ms);
+    all.push_back(0.1);
+  }
+  const double truth = exact_quantile(all, 0.99);
+  const double from_buckets = histogram_quantile(
+      0.99, sum_by_le({buckets_of(a.prometheus(), "tailbatch_x_seconds", ""), buckets_of(b.prometheus(), "tailbatch_x_seconds", "")}));
+  const double error = a.exported_buckets().max_relative_error;
+  CHECK(truth < 0.007);
+  CHECK(std::fabs(from_buckets - truth) <= error * truth);
+  const double mean_of_p99s = (exact_quantile(only_a, 0.99) + 0.1) / 2;
+  const double max_of_p99s = 0.1;
+  CHECK(mean_of_p99s > 5 * truth);
+  CHECK(max_of_p99s > 10 * truth);
+}
+
+TEST_CASE("configured bounds: a list, extra bounds such as an SLO target, and the rounding",
+          "[metrics][buckets]") {
+  SECTION("a list off the layout's boundaries is counted at the nearest one, within 1/(2M)") {
+    tailbatch::MetricsRegistryConfig config;
+    config.buckets.boundaries_seconds = {0.005, 0.01, 0.15, 1.0};
+    MetricsRegistry r(config);
+    const auto b = r.exported_buckets();
+    CHECK(b.upper_bounds_seconds == std::vector<double>{0.005, 0.01, 0.15, 1.0});
+    // The widest bucket, (0.01, 0.15]: (0.15 - 0.01) / 0.01, plus the rounding of both ends
+    // to the layout's boundaries, 1/(2*64) of each at most.
+    CHECK(b.max_relative_error >= (0.15 - 0.01) / 0.01);
+    CHECK(b.max_relative_error <= (0.15 * (1 + 1.0 / 128) - 0.01 * (1 - 1.0 / 128)) / (0.01 * (1 - 1.0 / 128)));
+    auto& h = r.histogram("tailbatch_x_seconds", "h");
+    // 150 ms is counted at 150.99 ms, the layout's nearest boundary (64 per octave).
+    h.record(148ms);
+    h.record(150500us);
+    h.record(152ms);
+    const Buckets text = buckets_of(r.prometheus(), "tailbatch_x_seconds", "");
+    REQUIRE(text.size() == 5);
+    CHECK(text[2].first == 0.15);
+    CHECK(text[2].second == 2.0);
+    CHECK(text[3].second == 3.0);
+  }
+
+  SECTION("extra bounds join the coarsened layout") {
+    tailbatch::MetricsRegistryConfig config;
+    config.buckets.extra_boundaries_seconds = {0.15, 0.1};
+    MetricsRegistry r(config);
+    const auto b = r.exported_buckets().upper_bounds_seconds;
+    CHECK(b.size() == 95);
+    CHECK(std::count(b.begin(), b.end(), 0.15) == 1);
+    CHECK(std::count(b.begin(), b.end(), 0.1) == 1);
+    CHECK(std::is_sorted(b.begin(), b.end()));
+    auto& w = r.windowed_histogram("tailbatch_x_seconds", "h", {}, 60s);
+    for (int i = 0; i < 99; ++i) w.record(100ms + std::chrono::microseconds(100 * i));  // 100 .. 109.8 ms
+    w.record(200ms);
+    const std::string text = r.prometheus();
+    CHECK(sample_value(text, "tailbatch_x_seconds_bucket{le=\"0.15\"}") == 99.0);
+    CHECK(sample_value(text, "tailbatch_x_seconds_bucket{le=\"+Inf\"}") == 100.0);
+  }
+
+  SECTION("bounds a histogram cannot count exactly are left out for it") {
+    tailbatch::MetricsRegistryConfig config;
+    config.buckets.boundaries_seconds = {1e-6, 0.001, 0.5, 99.0, 200.0};
+    MetricsRegistry r(config);
+    tailbatch::LatencyHistogramConfig options;
+    options.lowest = 1us;
+    options.highest = 100s;
+    // 1 us is the histogram's lowest (underflows are recorded there) and 200 s lies beyond
+    // its highest (overflows are recorded there): neither can be told apart.
+    CHECK(r.exported_buckets(options).upper_bounds_seconds == std::vector<double>{0.001, 0.5, 99.0});
+    options.lowest = 1ms;
+    CHECK(r.exported_buckets(options).upper_bounds_seconds == std::vector<double>{0.5, 99.0});
+  }
+
+  SECTION("bad configuration throws, naming the field") {
+    const auto with = [](auto change) {
+      tailbatch::MetricsRegistryConfig c;
+      change(c.buckets);
+      return c;
+    };
+    using B = tailbatch::HistogramBucketsConfig;
+    CHECK_THROWS_MATCHES(MetricsRegistry(with([](B& b) { b.buckets_per_octave = 3; })), std::invalid_argument,
+                         MessageIs("MetricsRegistry: config.buckets.buckets_per_octave must be a power of two in [1, 1024]"));
+    CHECK_THROWS_MATCHES(MetricsRegistry(with([](B& b) { b.buckets_per_octave = 0; })), std::invalid_argument,
+                         MessageContains("buckets_per_octave"));
+    CHECK_THROWS_MATCHES(MetricsRegistry(with([](B& b) { b.buckets_per_octave = 2048; })), std::invalid_argument,
+                         MessageContains("buckets_per_octave"));
+    CHECK_THROWS_MATCHES(MetricsRegistry(with([](B& b) { b.lowest = 0ns; })), std::invalid_argument,
+                         MessageContains("config.buckets.lowest"));
+    CHECK_THROWS_MATCHES(MetricsRegistry(with([](B& b) { b.highest = b.lowest; })), std::invalid_argument,
+                         MessageContains("config.buckets.highest"));
+    CHECK_THROWS_MATCHES(MetricsRegistry(with([](B& b) { b.boundaries_seconds = {0.1, 0.1}; })), std::invalid_argument,
+                         MessageContains("strictly increasing"));
+    CHECK_THROWS_MATCHES(MetricsRegistry(with([](B& b) { b.boundaries_seconds = {0.0}; })), std::invalid_argument,
+                         MessageContains("config.buckets.boundaries_seconds"));
+    CHECK_THROWS_MATCHES(MetricsRegistry(with([](B& b) { b.boundaries_seconds = {0.1, INFINITY}; })), std::invalid_argument,
+                         MessageContains("config.buckets.boundaries_seconds"));
+    CHECK_THROWS_MATCHES(MetricsRegistry(with([](B& b) { b.extra_boundaries_seconds = {std::nan("")}; })),
+                         std::invalid_argument, MessageContains("config.buckets.extra_boundaries_seconds"));
+  }
+}
+
+TEST_CASE("windowed histograms export cumulative buckets while their snapshot slides",
+          "[metrics][windowed][buckets]") {
+  tailbatch::ManualClock clock;
+  tailbatch::MetricsRegistryConfig config;
+  config.buckets.boundaries_seconds = {0.02};
+  MetricsRegistry r(config);
+  auto& w = r.windowed_histogram("tailbatch_end_to_end_seconds", "End-to-end latency.", {{"pipeline", "p"}}, 60s, 6,
+                                 {}, clock);
+  for (int i = 0; i < 100; ++i) w.record(10ms);
+  clock.advance(120s);
+  for (int i = 0; i < 50; ++i) w.record(50ms);
+  CHECK(r.prometheus() ==
+        "# HELP tailbatch_end_to_end_seconds End-to-end latency.\n"
+        "# TYPE tailbatch_end_to_end_seconds histogram\n"
+        "tailbatch_end_to_end_seconds_bucket{pipeline=\"p\",le=\"0.02\"} 100\n"
+        "tailbatch_end_to_end_seconds_bucket{pipeline=\"p\",le=\"+Inf\"} 150\n"
+        "tailbatch_end_to_end_seconds_sum{pipeline=\"p\"} 3.5\n"
+        "tailbatch_end_to_end_seconds_count{pipeline=\"p\"} 150\n");
+  // In-process readers get the window: only the 50 ms samples.
+  CHECK(w.snapshot().count() == 50);
+  CHECK(w.total().count() == 150);
+  const Json doc = parse_json(r.json());
+  const Json& sample = doc["families"].array.at(0)["samples"].array.at(0);
+  CHECK(sample["buckets"]["0.02"].number == 100.0);
+  CHECK(sample["quantiles"]["0.5"].number == Approx(0.050).epsilon(0.01));
+}
+
+TEST_CASE("HistogramSnapshot::count_below counts values below bucket boundaries", "[metrics][buckets]") {
+  tailbatch::LatencyHistogram h;
+  for (int us = 1; us <= 1000; ++us) h.record(std::chrono::microseconds(us));
+  const tailbatch::HistogramSnapshot s = h.snapshot();
+  // 256 us and 512 us are boundaries of the layout: exact.
+  const std::array<std::chrono::nanoseconds, 5> bounds{0ns, 1us, 256us, 512us, 1h};
+  std::array<std::uint64_t, 5> out{};
+  s.count_below(bounds, out);
+  CHECK(out == std::array<std::uint64_t, 5>{0, 0, 255, 511, 1000});
+  // Any order, and a shorter output.
+  const std::array<std::chrono::nanoseconds, 2> reversed{512us, 256us};
+  std::array<std::uint64_t, 1> one{};
+  s.count_below(reversed, one);
+  CHECK(one[0] == 511);
+  std::array<std::uint64_t, 2> two{};
+  s.count_below(reversed, two);
+  CHECK(two == std::array<std::uint64_t, 2>{511, 255});
+  // An empty snapshot counts nothing.
+  tailbatch::HistogramSnapshot empty;
+  empty.count_below(bounds, out);
+  CHECK(out == std::array<std::uint64_t, 5>{});
 }

@@ -198,6 +198,28 @@ class HistogramSnapshot {
     }
   }
 
+  // Cumulative counts, as a Prometheus histogram's buckets: out[i] is the number of
+  // recorded (clamped) values below bounds[i], for i < min(bounds.size(), out.size()).
+  // Exact where bounds[i] is a bucket boundary of this snapshot's layout; any other bound
+  // is counted at the nearest boundary, at most 1/(2M) of it away (0.78 % at the default
+  // precision). Bounds in ascending order take one pass over the buckets; any order is
+  // correct. Never allocates. Not thread-safe: a value type.
+  void count_below(std::span<const std::chrono::nanoseconds> bounds,
+                   std::span<std::uint64_t> out) const noexcept {
+    const std::size_t k = std::min(bounds.size(), out.size());
+    std::size_t slot = 0;      // counts_[0 .. slot) are summed in below
+    std::uint64_t below = 0;
+    for (std::size_t i = 0; i < k; ++i) {
+      const std::size_t target = counts_.empty() ? 0 : layout_.nearest_boundary(detail::histogram_to_ns(bounds[i]));
+      if (target < slot) {
+        slot = 0;
+        below = 0;
+      }
+      for (; slot < target; ++slot) below += counts_[slot];
+      out[i] = below;
+    }
+  }
+
   // Values recorded below config().lowest (each counted as lowest).
   // Not thread-safe: a value type.
   [[nodiscard]] std::uint64_t underflow_count() const noexcept { return underflow_; }

@@ -1,7 +1,10 @@
-// Metrics: counters, gauges, latency summaries and computed gauges, all with labels, in
+// Metrics: counters, gauges, latency histograms and computed gauges, all with labels, in
 // one registry that writes the Prometheus text exposition format (0.0.4) and a JSON
-// snapshot. (The Little's-law self-check that reads these metrics is in
-// <tailbatch/littles_law.hpp>.)
+// snapshot. Latency histograms are exported as Prometheus histograms (`_bucket{le}`,
+// `_sum`, `_count`) whose buckets come from the LatencyHistogram's log-linear layout, so
+// that a fleet's quantiles can be computed from the replicas' summed buckets; summaries
+// (in-process quantiles) are the alternative a registry can be configured with. (The
+// Little's-law self-check that reads these metrics is in <tailbatch/littles_law.hpp>.)
 //
 // Components take an optional `MetricsRegistry*` in their config (nullptr: no metrics, no
 // cost), register their metrics once at construction and keep the returned references.
@@ -11,18 +14,19 @@
 //
 // The registry owns no thread and touches no global state; it is as thread-safe as its
 // documentation below says, member by member. See docs/metrics.md for the names tailbatch's
-// components export.
+// components export and docs/observability.md for what a fleet does with them.
 //
 // Why this file is longer than the core's usual 700 lines: the registry owns the storage
 // and the exposition of every metric it hands out, so the metric types (Counter, Gauge,
 // WindowedHistogram, CallbackRegistration), the families they live in and MetricsRegistry
-// are one unit (about 460 lines of it the registry; about 170 documentation); the text
-// formatting stands alone (detail/metrics/text.hpp).
+// are one unit (about 590 lines of it the registry; about 240 documentation); the text
+// formatting and the choice of buckets stand alone (detail/metrics/).
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -36,6 +40,7 @@
 #include <string>
 #include <string_view>
 #include <tailbatch/clock.hpp>
+#include <tailbatch/detail/metrics/buckets.hpp>
 #include <tailbatch/detail/metrics/text.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/latency_histogram.hpp>
@@ -56,6 +61,59 @@ using Labels = std::vector<std::pair<std::string, std::string>>;
   base.insert(base.end(), extra.begin(), extra.end());
   return base;
 }
+
+// How a registry writes its latency histograms (histogram(), windowed_histogram()) in the
+// text format.
+enum class LatencyExport : std::uint8_t {
+  // Prometheus `histogram`: cumulative `_bucket{le="..."}` counts, `_sum` and `_count`.
+  // Buckets add up across replicas, so `histogram_quantile(0.99, sum by (le) (rate(
+  // x_bucket[1m])))` is the fleet's p99, within the buckets' error (exported_buckets()).
+  // The default.
+  histogram,
+  // Prometheus `summary`: the quantiles 0.5, 0.9, 0.95, 0.99 and 0.999 computed in the
+  // process (over the window, for a windowed histogram), `_sum` and `_count`. Within 1 %
+  // for one replica, but quantiles do not add up: no fleet quantile can be computed.
+  summary,
+};
+
+// The `le` bounds a registry exports its latency histograms with. Either the histogram's
+// own log-linear layout coarsened to `buckets_per_octave` buckets per power of two (the
+// bounds 2^e * (1 + j/k) ns, j < k, from `lowest` to `highest`), or, when
+// `boundaries_seconds` is not empty, exactly that list; `extra_boundaries_seconds` (an SLO
+// target, so that "requests within the target" is one bucket) is added to either.
+//
+// A histogram can count exactly below its own bucket boundaries only: the coarsened bounds
+// are such boundaries (for buckets_per_octave <= 2^bits: 64 at significant_digits = 2); a
+// listed bound that is not one is counted at the nearest one, at most 1/(2M) of it away.
+// Bounds at or below a histogram's `lowest`, or within its last bucket, are left out for
+// that histogram (it cannot tell values apart there). Error: a quantile Prometheus
+// interpolates within a bucket (a, b] is off by at most (b - a) / a of the true one:
+// 1/buckets_per_octave for the coarsened layout (25 % at the default 4; 12.5 % at 8), for
+// quantiles between the first and the last bound. exported_buckets() says what a
+// histogram gets and its error. More buckets per octave cost more time series: the
+// default gives 93 bounds from 10 us to 100 s. A plain aggregate.
+struct HistogramBucketsConfig {
+  std::vector<double> boundaries_seconds;  // non-empty: these bounds instead of the layout's
+  int buckets_per_octave = 4;              // a power of two in [1, 1024]
+  std::chrono::nanoseconds lowest{std::chrono::microseconds(10)};  // the coarsened bounds'
+  std::chrono::nanoseconds highest{std::chrono::seconds(100)};     // range (inclusive)
+  std::vector<double> extra_boundaries_seconds;  // added bounds, e.g. SLO targets
+};
+
+// A MetricsRegistry's configuration. A plain aggregate.
+struct MetricsRegistryConfig {
+  LatencyExport latency_export = LatencyExport::histogram;
+  HistogramBucketsConfig buckets{};  // used when latency_export is histogram (and in json())
+};
+
+// The buckets a latency histogram is exported with (MetricsRegistry::exported_buckets()).
+struct ExportedBuckets {
+  std::vector<double> upper_bounds_seconds;  // the `le` values, ascending; `+Inf` follows
+  // The largest relative error of a quantile interpolated within one of these buckets
+  // (Prometheus' histogram_quantile) against the true quantile, for quantiles between the
+  // first and the last bound.
+  double max_relative_error = 0.0;
+};
 
 namespace detail {
 
@@ -145,8 +203,7 @@ class WindowedSource {
   WindowedSource& operator=(const WindowedSource&) = delete;
   virtual ~WindowedSource() = default;
   [[nodiscard]] virtual HistogramSnapshot window_snapshot() const = 0;
-  [[nodiscard]] virtual std::uint64_t total_count() const noexcept = 0;
-  [[nodiscard]] virtual double total_sum_seconds() const noexcept = 0;
+  [[nodiscard]] virtual HistogramSnapshot total_snapshot() const = 0;
 
  protected:
   WindowedSource() = default;
@@ -159,16 +216,18 @@ inline constexpr char windowed_clock_tag = 0;
 
 }  // namespace detail
 
-// A latency histogram whose quantiles cover only the recent past, as the summaries of
-// Prometheus' own client libraries do (their default window is 10 minutes), while its
-// count and sum keep growing for ever, as a summary's `_count` and `_sum` must (rate()
-// over them gives the throughput and mean latency). The quantiles of a plain
-// LatencyHistogram cover everything since start-up: after a day of traffic a bad minute
-// barely moves them, which is wrong for dashboards, alerts and autoscaling.
+// A latency histogram that keeps two views of what it records: everything since
+// construction (the cumulative buckets, `_count` and `_sum` a Prometheus histogram must
+// export, and whose rate() gives throughput, mean and quantiles over any range), and the
+// recent past (snapshot(): the samples of the last `window`, for in-process readers such
+// as controllers, autoscalers and summaries, as the summaries of Prometheus' own client
+// libraries keep 10 minutes). The quantiles of a plain LatencyHistogram cover everything
+// since start-up: after a day of traffic a bad minute barely moves them.
 //
-// record() is RollingHistogram::record() (lock-free except once per slot rotation) plus a
-// relaxed add to a count and a sum on a per-thread-hashed stripe. Not copyable or movable.
-// Exception guarantee: only the constructor and snapshot() throw. Thread-safe.
+// record() is RollingHistogram::record() (lock-free except once per slot rotation) plus
+// LatencyHistogram::record() into the cumulative histogram. Not copyable or movable.
+// Exception guarantee: only the constructor and the readers that return or build a
+// snapshot throw (std::bad_alloc). Thread-safe.
 template <Clock C = SteadyClock>
 class WindowedHistogram final : public detail::WindowedSource {
  public:
@@ -177,58 +236,46 @@ class WindowedHistogram final : public detail::WindowedSource {
   // std::invalid_argument naming the bad field.
   explicit WindowedHistogram(std::chrono::nanoseconds window, int slots = 10,
                              LatencyHistogramConfig options = {}, C clock = C{})
-      : rolling_(window, slots, options, std::move(clock)), requested_window_(window) {}
+      : rolling_(window, slots, options, std::move(clock)), total_(options), requested_window_(window) {}
 
   // Records one value into the window and the totals (a negative or NaN duration counts
-  // as 0 in the sum, as an underflow in the histogram). Never fails. Thread-safe.
+  // as an underflow, as in LatencyHistogram). Never fails. Thread-safe.
   template <class Rep, class Period>
   void record(std::chrono::duration<Rep, Period> value) noexcept {
     rolling_.record(value);
-    Stripe& s = totals_[detail::counter_stripe_index()];
-    s.count.fetch_add(1, std::memory_order_relaxed);
-    // A double sum: an integer nanosecond sum of a busy server would wrap within months.
-    s.sum_seconds.fetch_add(static_cast<double>(detail::histogram_to_ns(value)) / 1e9,
-                            std::memory_order_relaxed);
+    total_.record(value);
   }
 
   // The samples of the last window (see RollingHistogram::snapshot()). Allocates; throws
   // std::bad_alloc. Thread-safe.
   [[nodiscard]] HistogramSnapshot snapshot() const { return rolling_.snapshot(); }
 
-  // Values recorded since construction. Never blocks. Thread-safe.
-  [[nodiscard]] std::uint64_t count() const noexcept {
-    std::uint64_t n = 0;
-    for (const auto& s : totals_) n += s.count.load(std::memory_order_relaxed);
-    return n;
-  }
+  // Every sample since construction. Allocates; throws std::bad_alloc. Thread-safe.
+  [[nodiscard]] HistogramSnapshot total() const { return total_.snapshot(); }
 
-  // The sum of every value recorded since construction, in seconds. Thread-safe.
-  [[nodiscard]] double sum_seconds() const noexcept {
-    double sum = 0.0;
-    for (const auto& s : totals_) sum += s.sum_seconds.load(std::memory_order_relaxed);
-    return sum;
-  }
+  // Values recorded since construction. Allocates (a snapshot of the totals); throws
+  // std::bad_alloc. Thread-safe.
+  [[nodiscard]] std::uint64_t count() const { return total().count(); }
+
+  // The sum of every value recorded since construction, in seconds (clamped to the
+  // histogram's range, as LatencyHistogram sums). Allocates; throws std::bad_alloc.
+  // Thread-safe.
+  [[nodiscard]] double sum_seconds() const { return total().sum_seconds(); }
 
   // The window as requested at construction. Thread-safe.
   [[nodiscard]] std::chrono::nanoseconds window() const noexcept { return requested_window_; }
   // Number of slots. Thread-safe.
   [[nodiscard]] int slots() const noexcept { return rolling_.slots(); }
-  // The options of every slot. Thread-safe.
+  // The options of every slot and of the totals. Thread-safe.
   [[nodiscard]] const LatencyHistogramConfig& config() const noexcept { return rolling_.config(); }
 
  private:
   HistogramSnapshot window_snapshot() const override { return snapshot(); }
-  std::uint64_t total_count() const noexcept override { return count(); }
-  double total_sum_seconds() const noexcept override { return sum_seconds(); }
-
-  struct alignas(detail::metrics_cache_line) Stripe {
-    std::atomic<std::uint64_t> count{0};
-    std::atomic<double> sum_seconds{0.0};
-  };
+  HistogramSnapshot total_snapshot() const override { return total(); }
 
   RollingHistogram<C> rolling_;
+  LatencyHistogram total_;
   std::chrono::nanoseconds requested_window_;
-  std::array<Stripe, detail::counter_stripes> totals_{};
 };
 
 // The handle gauge_callback() returns. While it lives, the registry calls the callback at
@@ -282,16 +329,19 @@ class CallbackRegistration {
 
 namespace detail {
 
-enum class MetricKind : std::uint8_t { counter, gauge, summary };
+// `latency`: histogram() and windowed_histogram() series, written as the registry's
+// LatencyExport says.
+enum class MetricKind : std::uint8_t { counter, gauge, latency };
 
+// The kind's name in error messages and (but for latency) in `# TYPE` lines.
 [[nodiscard]] inline const char* metric_kind_name(MetricKind k) noexcept {
   switch (k) {
     case MetricKind::counter:
       return "counter";
     case MetricKind::gauge:
       return "gauge";
-    case MetricKind::summary:
-      return "summary";
+    case MetricKind::latency:
+      return "histogram";
   }
   return "untyped";
 }
@@ -304,27 +354,26 @@ struct MetricSeries {
   std::unique_ptr<LatencyHistogram> histogram;
   std::unique_ptr<WindowedSource> windowed;
   const void* windowed_clock = nullptr;  // &windowed_clock_tag<C>
+  ExportBuckets buckets;                 // histogram and windowed: the `le` bounds
   std::function<double()> callback;
   std::uint64_t callback_id = 0;
 };
 
-// What a summary series shows: quantiles from `quantiles`, count and sum as given.
-struct SummaryReading {
+// What a latency series shows: the cumulative totals (buckets, count, sum) and, where
+// asked for, the samples its quantiles come from (the window's, for a windowed series).
+struct LatencyReading {
+  HistogramSnapshot total;
   HistogramSnapshot quantiles;
-  std::uint64_t count = 0;
-  double sum_seconds = 0.0;
 };
 
-[[nodiscard]] inline SummaryReading read_summary(const MetricSeries& s) {
-  SummaryReading r;
+[[nodiscard]] inline LatencyReading read_latency(const MetricSeries& s, bool with_quantiles) {
+  LatencyReading r;
   if (s.histogram) {
-    r.quantiles = s.histogram->snapshot();
-    r.count = r.quantiles.count();
-    r.sum_seconds = r.quantiles.sum_seconds();
+    r.total = s.histogram->snapshot();
+    if (with_quantiles) r.quantiles = r.total;
   } else {
-    r.quantiles = s.windowed->window_snapshot();
-    r.count = s.windowed->total_count();
-    r.sum_seconds = s.windowed->total_sum_seconds();
+    r.total = s.windowed->total_snapshot();
+    if (with_quantiles) r.quantiles = s.windowed->window_snapshot();
   }
   return r;
 }
@@ -400,29 +449,53 @@ inline void CallbackRegistration::reset() noexcept {
 // returned metric takes no lock. Exposition takes a shared lock: scrapes run concurrently with each
 // other and with updates. Returned references stay valid for the registry's lifetime.
 //
+// Latency histograms are written as the configuration's LatencyExport says: Prometheus
+// histograms by default, with the buckets of its HistogramBucketsConfig.
+//
 // Validation (each failure throws std::invalid_argument naming the metric and the rule):
 // metric names follow [a-zA-Z_][a-zA-Z0-9_]* (no colons: Prometheus reserves them for
 // recording rules); counters end in `_total`, other kinds do not; no name ends in `_sum`,
 // `_count` or `_bucket` (the suffixes of summary and histogram samples); label names
 // follow the same pattern, do not start with `__`, appear once per set, and a histogram
-// may not use `quantile`; help text is non-empty; help and label values are valid UTF-8.
-// The same (name, labels) returns the same metric; the same name with another kind
+// may not use `le` or `quantile`; help text is non-empty; help and label values are valid
+// UTF-8. The same (name, labels) returns the same metric; the same name with another kind
 // throws. A rejected registration changes nothing (strong guarantee).
 //
 // Thread-safe. Not copyable or movable (components hold pointers to it).
 class MetricsRegistry {
  public:
-  // The quantiles every histogram is exposed with.
+  // The quantiles a histogram is exposed with as a summary (LatencyExport::summary), and
+  // in json().
   static constexpr std::array<double, 5> summary_quantiles{0.5, 0.9, 0.95, 0.99, 0.999};
 
-  // Allocates the (empty) shared state. Throws std::bad_alloc. Thread-safe.
-  MetricsRegistry() : state_(std::make_shared<detail::MetricsState>()) {}
+  // A registry that exports Prometheus histograms with the default buckets. Allocates the
+  // (empty) shared state. Throws std::bad_alloc. Thread-safe.
+  MetricsRegistry() : MetricsRegistry(MetricsRegistryConfig{}) {}
+
+  // A registry configured by `config`. Throws std::invalid_argument naming the bad field
+  // (buckets_per_octave not a power of two in [1, 1024]; lowest < 1 ns; highest below
+  // 2 * lowest or above 2^62 ns; a bound that is not finite and positive; a
+  // boundaries_seconds list that is not strictly increasing), or std::bad_alloc.
+  // Thread-safe.
+  explicit MetricsRegistry(MetricsRegistryConfig config)
+      : config_(validate(std::move(config))), state_(std::make_shared<detail::MetricsState>()) {}
 
   MetricsRegistry(const MetricsRegistry&) = delete;
   MetricsRegistry& operator=(const MetricsRegistry&) = delete;
   MetricsRegistry(MetricsRegistry&&) = delete;
   MetricsRegistry& operator=(MetricsRegistry&&) = delete;
   ~MetricsRegistry() = default;
+
+  // The configuration given at construction. Thread-safe.
+  [[nodiscard]] const MetricsRegistryConfig& config() const noexcept { return config_; }
+
+  // The buckets a latency histogram with these options is exported with, and their error
+  // (see HistogramBucketsConfig). Allocates; throws std::invalid_argument for invalid
+  // options, or std::bad_alloc. Thread-safe.
+  [[nodiscard]] ExportedBuckets exported_buckets(const LatencyHistogramConfig& options = {}) const {
+    detail::ExportBuckets b = buckets_for(options);
+    return ExportedBuckets{std::move(b.le_seconds), b.max_relative_error};
+  }
 
   // The counter (name, labels), created at zero on first use; `help` is kept from the
   // first registration of the name. Blocks on the registry's lock; allocates on first
@@ -455,47 +528,50 @@ class MetricsRegistry {
                 .gauge;
   }
 
-  // The latency histogram (name, labels), exposed as a Prometheus summary in seconds
-  // (quantiles 0.5 0.9 0.95 0.99 0.999, `_sum`, `_count`; NaN quantiles while empty).
-  // Record into it as into any LatencyHistogram. Its quantiles cover everything since
-  // construction (or its last reset()); windowed_histogram() gives recent quantiles.
-  // Throws std::invalid_argument also when (name, labels) exists with other options or
-  // as a windowed histogram, or when options are invalid (from LatencyHistogram).
-  // Otherwise as counter(). Thread-safe.
+  // The latency histogram (name, labels), in seconds: a Prometheus histogram
+  // (`_bucket{le}` counts since construction or the last reset(), which Prometheus reads
+  // as a counter reset; `_sum`; `_count`), or with LatencyExport::summary a summary
+  // (quantiles 0.5 0.9 0.95 0.99 0.999 over the same samples, NaN while empty; `_sum`;
+  // `_count`). Record into it as into any LatencyHistogram. Throws std::invalid_argument
+  // also when (name, labels) exists with other options or as a windowed histogram, or
+  // when options are invalid (from LatencyHistogram). Otherwise as counter(). Thread-safe.
   LatencyHistogram& histogram(std::string_view name, std::string_view help, Labels labels = {},
                               LatencyHistogramConfig options = {}) {
-    auto prepared = prepare(detail::MetricKind::summary, name, help, std::move(labels));
+    auto prepared = prepare(detail::MetricKind::latency, name, help, std::move(labels));
     {
       std::unique_lock lock(state_->mutex);
-      if (auto* s = find_series(detail::MetricKind::summary, name, prepared.key)) {
+      if (auto* s = find_series(detail::MetricKind::latency, name, prepared.key)) {
         return existing_histogram(*s, name, prepared.key, options);
       }
     }
     // Built outside the lock: constructing a histogram allocates its shards.
     detail::MetricSeries series;
     series.histogram = std::make_unique<LatencyHistogram>(options);
+    series.buckets = buckets_for(options);
     std::unique_lock lock(state_->mutex);
-    if (auto* s = find_series(detail::MetricKind::summary, name, prepared.key)) {
+    if (auto* s = find_series(detail::MetricKind::latency, name, prepared.key)) {
       return existing_histogram(*s, name, prepared.key, options);  // registered meanwhile
     }
-    return *insert_series(detail::MetricKind::summary, name, help, std::move(prepared),
+    return *insert_series(detail::MetricKind::latency, name, help, std::move(prepared),
                           std::move(series))
                 .histogram;
   }
 
-  // A latency histogram exposed as a summary whose quantiles cover only the last `window`
-  // (see WindowedHistogram; `_count` and `_sum` stay cumulative). Prefer it to histogram()
-  // for anything a dashboard, alert or autoscaler reads; 1 to 10 minutes is typical.
-  // The same (name, labels) returns the same object if window, slots, options and the
-  // clock type match, and throws std::invalid_argument otherwise, or if the series is a
-  // histogram() one; the clock of the first registration is kept. Otherwise as
-  // histogram(). Thread-safe.
+  // A latency histogram whose snapshot() covers only the last `window` (see
+  // WindowedHistogram). Exported as histogram() is, from its totals since construction;
+  // as a summary (LatencyExport::summary) its quantiles cover the window while `_count`
+  // and `_sum` stay cumulative. Prefer it to histogram() where the process itself reads
+  // recent quantiles (a controller, an autoscaler, a stats page); 1 to 10 minutes is
+  // typical. The same (name, labels) returns the same object if window, slots, options
+  // and the clock type match, and throws std::invalid_argument otherwise, or if the
+  // series is a histogram() one; the clock of the first registration is kept. Otherwise
+  // as histogram(). Thread-safe.
   template <Clock C = SteadyClock>
   WindowedHistogram<C>& windowed_histogram(std::string_view name, std::string_view help,
                                            Labels labels, std::chrono::nanoseconds window,
                                            int slots = 10, LatencyHistogramConfig options = {},
                                            C clock = C{}) {
-    auto prepared = prepare(detail::MetricKind::summary, name, help, std::move(labels));
+    auto prepared = prepare(detail::MetricKind::latency, name, help, std::move(labels));
     const auto existing = [&](detail::MetricSeries& s) -> WindowedHistogram<C>& {
       if (!s.windowed)
         fail(name, prepared.key, "is already registered by histogram(), without a window");
@@ -513,7 +589,7 @@ class MetricsRegistry {
     };
     {
       std::unique_lock lock(state_->mutex);
-      if (auto* s = find_series(detail::MetricKind::summary, name, prepared.key))
+      if (auto* s = find_series(detail::MetricKind::latency, name, prepared.key))
         return existing(*s);
     }
     detail::MetricSeries series;  // built outside the lock: it allocates every slot
@@ -521,9 +597,10 @@ class MetricsRegistry {
     WindowedHistogram<C>& result = *owned;
     series.windowed = std::move(owned);
     series.windowed_clock = &detail::windowed_clock_tag<C>;
+    series.buckets = buckets_for(options);
     std::unique_lock lock(state_->mutex);
-    if (auto* s = find_series(detail::MetricKind::summary, name, prepared.key)) return existing(*s);
-    insert_series(detail::MetricKind::summary, name, help, std::move(prepared), std::move(series));
+    if (auto* s = find_series(detail::MetricKind::latency, name, prepared.key)) return existing(*s);
+    insert_series(detail::MetricKind::latency, name, help, std::move(prepared), std::move(series));
     return result;
   }
 
@@ -562,13 +639,17 @@ class MetricsRegistry {
 
   // The Prometheus text exposition format 0.0.4: families sorted by name, each with one
   // `# HELP` and one `# TYPE` line followed by its series sorted by label set; families
-  // with no series left (callback gauges all unregistered) are omitted. Serve it with
-  // Content-Type `text/plain; version=0.0.4; charset=utf-8`. Calls the gauge callbacks
-  // and snapshots every histogram. Blocks registrations (not updates) while it runs;
-  // allocates; throws std::bad_alloc. Thread-safe.
+  // with no series left (callback gauges all unregistered) are omitted. A histogram's
+  // series are its `_bucket` lines (`le` ascending, `+Inf` last), `_sum` and `_count`;
+  // a summary's its quantiles, `_sum` and `_count`. Serve it with Content-Type
+  // `text/plain; version=0.0.4; charset=utf-8`. Calls the gauge callbacks and snapshots
+  // every histogram. Blocks registrations (not updates) while it runs; allocates; throws
+  // std::bad_alloc. Thread-safe.
   [[nodiscard]] std::string prometheus() const {
     std::string out;
     std::array<std::chrono::nanoseconds, summary_quantiles.size()> q{};
+    std::vector<std::uint64_t> below;
+    const bool summaries = config_.latency_export == LatencyExport::summary;
     std::shared_lock lock(state_->mutex);
     for (const auto& [name, family] : state_->families) {
       if (family.series.empty()) continue;
@@ -579,35 +660,49 @@ class MetricsRegistry {
       out += "\n# TYPE ";
       out += name;
       out += ' ';
-      out += detail::metric_kind_name(family.kind);
+      out += type_name(family.kind);
       out += '\n';
       for (const auto& [key, series] : family.series) {
         switch (family.kind) {
           case detail::MetricKind::counter:
-            append_sample_start(out, name, {}, key, {});
+            append_sample_start(out, name, {}, key, {}, {});
             detail::append_uint(out, series.counter->value());
             out += '\n';
             break;
           case detail::MetricKind::gauge:
-            append_sample_start(out, name, {}, key, {});
+            append_sample_start(out, name, {}, key, {}, {});
             detail::append_prometheus_double(out, gauge_value(series));
             out += '\n';
             break;
-          case detail::MetricKind::summary: {
-            const detail::SummaryReading reading = detail::read_summary(series);
-            const bool empty = reading.quantiles.count() == 0;
-            if (!empty) reading.quantiles.percentiles(summary_percentiles(), q);
-            for (std::size_t i = 0; i < q.size(); ++i) {
-              append_sample_start(out, name, {}, key, quantile_text(i));
-              detail::append_prometheus_double(
-                  out, empty ? std::numeric_limits<double>::quiet_NaN() : seconds(q[i]));
+          case detail::MetricKind::latency: {
+            const detail::LatencyReading reading = detail::read_latency(series, summaries);
+            if (summaries) {
+              const bool empty = reading.quantiles.count() == 0;
+              if (!empty) reading.quantiles.percentiles(summary_percentiles(), q);
+              for (std::size_t i = 0; i < q.size(); ++i) {
+                append_sample_start(out, name, {}, key, "quantile", quantile_text(i));
+                detail::append_prometheus_double(
+                    out, empty ? std::numeric_limits<double>::quiet_NaN() : seconds(q[i]));
+                out += '\n';
+              }
+            } else {
+              const detail::ExportBuckets& b = series.buckets;
+              below.assign(b.count_at.size(), 0);
+              reading.total.count_below(b.count_at, below);
+              for (std::size_t i = 0; i < below.size(); ++i) {
+                append_sample_start(out, name, "_bucket", key, "le", b.le_text[i]);
+                detail::append_uint(out, below[i]);
+                out += '\n';
+              }
+              append_sample_start(out, name, "_bucket", key, "le", "+Inf");
+              detail::append_uint(out, reading.total.count());
               out += '\n';
             }
-            append_sample_start(out, name, "_sum", key, {});
-            detail::append_prometheus_double(out, reading.sum_seconds);
+            append_sample_start(out, name, "_sum", key, {}, {});
+            detail::append_prometheus_double(out, reading.total.sum_seconds());
             out += '\n';
-            append_sample_start(out, name, "_count", key, {});
-            detail::append_uint(out, reading.count);
+            append_sample_start(out, name, "_count", key, {}, {});
+            detail::append_uint(out, reading.total.count());
             out += '\n';
             break;
           }
@@ -618,15 +713,22 @@ class MetricsRegistry {
   }
 
   // The same content as prometheus(), as one JSON object:
-  //   {"families":[{"name":..,"type":"counter"|"gauge"|"summary","help":..,"samples":[
+  //   {"families":[{"name":..,"type":"counter"|"gauge"|"histogram"|"summary","help":..,
+  //    "samples":[
   //     {"labels":{..},"value":v}                                  (counter, gauge)
+  //     {"labels":{..},"count":n,"sum":s,"buckets":{"0.001":n,..,"+Inf":n},
+  //      "quantiles":{"0.5":v,..}}                                  (histogram, seconds)
   //     {"labels":{..},"count":n,"sum":s,"quantiles":{"0.5":v,..}}  (summary, seconds)
   //   ]}]}
-  // NaN and infinities (JSON has none) are written as null. Blocks, allocates and throws
-  // like prometheus(). Thread-safe.
+  // A histogram's samples carry the quantiles too (over the window, for a windowed
+  // histogram): the process's own reading, for readers that are not Prometheus. NaN and
+  // infinities (JSON has none) are written as null. Blocks, allocates and throws like
+  // prometheus(). Thread-safe.
   [[nodiscard]] std::string json() const {
     std::string out = "{\"families\":[";
     std::array<std::chrono::nanoseconds, summary_quantiles.size()> q{};
+    std::vector<std::uint64_t> below;
+    const bool summaries = config_.latency_export == LatencyExport::summary;
     std::shared_lock lock(state_->mutex);
     bool first_family = true;
     for (const auto& [name, family] : state_->families) {
@@ -636,7 +738,7 @@ class MetricsRegistry {
       out += "{\"name\":";
       detail::append_json_string(out, name);
       out += ",\"type\":\"";
-      out += detail::metric_kind_name(family.kind);
+      out += type_name(family.kind);
       out += "\",\"help\":";
       detail::append_json_string(out, family.help);
       out += ",\"samples\":[";
@@ -662,12 +764,27 @@ class MetricsRegistry {
             out += ",\"value\":";
             detail::append_json_double(out, gauge_value(series));
             break;
-          case detail::MetricKind::summary: {
-            const detail::SummaryReading reading = detail::read_summary(series);
+          case detail::MetricKind::latency: {
+            const detail::LatencyReading reading = detail::read_latency(series, true);
             out += ",\"count\":";
-            detail::append_uint(out, reading.count);
+            detail::append_uint(out, reading.total.count());
             out += ",\"sum\":";
-            detail::append_json_double(out, reading.sum_seconds);
+            detail::append_json_double(out, reading.total.sum_seconds());
+            if (!summaries) {
+              const detail::ExportBuckets& b = series.buckets;
+              below.assign(b.count_at.size(), 0);
+              reading.total.count_below(b.count_at, below);
+              out += ",\"buckets\":{";
+              for (std::size_t i = 0; i < below.size(); ++i) {
+                detail::append_json_string(out, b.le_text[i]);
+                out += ':';
+                detail::append_uint(out, below[i]);
+                out += ',';
+              }
+              out += "\"+Inf\":";
+              detail::append_uint(out, reading.total.count());
+              out += '}';
+            }
             out += ",\"quantiles\":{";
             const bool empty = reading.quantiles.count() == 0;
             if (!empty) reading.quantiles.percentiles(summary_percentiles(), q);
@@ -755,8 +872,10 @@ class MetricsRegistry {
       if (label.size() >= 2 && label[0] == '_' && label[1] == '_') {
         fail(name, {}, "has label name \"" + label + "\": names starting with __ are reserved");
       }
-      if (kind == detail::MetricKind::summary && label == "quantile") {
-        fail(name, {}, "is a histogram: its label name \"quantile\" is reserved for the quantiles");
+      if (kind == detail::MetricKind::latency && (label == "le" || label == "quantile")) {
+        fail(name, {},
+             "is a histogram: its label name \"" + label +
+                 "\" is reserved for the buckets (le) and quantiles (quantile)");
       }
       if (i > 0 && labels[i - 1].first == label) {
         fail(name, {}, "has label name \"" + label + "\" twice");
@@ -849,18 +968,28 @@ class MetricsRegistry {
     return text[i];
   }
 
-  // name + suffix + {key[,quantile="q"]} + ' '
+  // The `# TYPE` of a kind: latency histograms are written as the configuration says.
+  [[nodiscard]] const char* type_name(detail::MetricKind kind) const noexcept {
+    if (kind == detail::MetricKind::latency && config_.latency_export == LatencyExport::summary) {
+      return "summary";
+    }
+    return detail::metric_kind_name(kind);
+  }
+
+  // name + suffix + {key[,label="value"]} + ' '
   static void append_sample_start(std::string& out, std::string_view name, std::string_view suffix,
-                                  std::string_view key, std::string_view quantile) {
+                                  std::string_view key, std::string_view label,
+                                  std::string_view value) {
     out += name;
     out += suffix;
-    if (!key.empty() || !quantile.empty()) {
+    if (!key.empty() || !label.empty()) {
       out += '{';
       out += key;
-      if (!quantile.empty()) {
+      if (!label.empty()) {
         if (!key.empty()) out += ',';
-        out += "quantile=\"";
-        out += quantile;
+        out += label;
+        out += "=\"";
+        out += value;
         out += '"';
       }
       out += '}';
@@ -868,6 +997,57 @@ class MetricsRegistry {
     out += ' ';
   }
 
+  [[noreturn]] static void fail_config(const char* what) {
+    detail::throw_invalid_argument((std::string("MetricsRegistry: config.") + what).c_str());
+  }
+
+  static MetricsRegistryConfig validate(MetricsRegistryConfig c) {
+    const HistogramBucketsConfig& b = c.buckets;
+    if (b.buckets_per_octave < 1 || b.buckets_per_octave > 1024 ||
+        !std::has_single_bit(static_cast<unsigned>(b.buckets_per_octave))) {
+      fail_config("buckets.buckets_per_octave must be a power of two in [1, 1024]");
+    }
+    if (b.lowest.count() < 1) fail_config("buckets.lowest must be >= 1ns");
+    if (b.highest.count() / 2 < b.lowest.count()) fail_config("buckets.highest must be >= 2 * buckets.lowest");
+    if (static_cast<std::uint64_t>(b.highest.count()) > detail::HistogramLayout::max_highest_ns) {
+      fail_config("buckets.highest must be <= 2^62 ns (about 146 years)");
+    }
+    // Bounds up to 2^62 ns, as a histogram's range.
+    const auto in_range = [](double s) { return s > 0.0 && s <= 4.6e9; };
+    for (std::size_t i = 0; i < b.boundaries_seconds.size(); ++i) {
+      if (!in_range(b.boundaries_seconds[i])) {
+        fail_config("buckets.boundaries_seconds must hold finite bounds in (0, 4.6e9] seconds");
+      }
+      if (i > 0 && !(b.boundaries_seconds[i] > b.boundaries_seconds[i - 1])) {
+        fail_config("buckets.boundaries_seconds must be strictly increasing");
+      }
+    }
+    for (const double s : b.extra_boundaries_seconds) {
+      if (!in_range(s)) fail_config("buckets.extra_boundaries_seconds must hold finite bounds in (0, 4.6e9] seconds");
+    }
+    return c;
+  }
+
+  // The `le` bounds for a histogram with these options. Throws std::invalid_argument for
+  // invalid options.
+  [[nodiscard]] detail::ExportBuckets buckets_for(const LatencyHistogramConfig& options) const {
+    const detail::HistogramLayout layout = detail::histogram_layout_for(options, "MetricsRegistry");
+    const HistogramBucketsConfig& b = config_.buckets;
+    std::vector<detail::WantedBound> wanted;
+    if (b.boundaries_seconds.empty()) {
+      for (const std::uint64_t ns : detail::coarsened_bounds(b.buckets_per_octave,
+                                                             static_cast<std::uint64_t>(b.lowest.count()),
+                                                             static_cast<std::uint64_t>(b.highest.count()))) {
+        wanted.push_back({static_cast<double>(ns) / 1e9, ns});
+      }
+    } else {
+      for (const double s : b.boundaries_seconds) wanted.push_back({s, detail::seconds_to_ns(s)});
+    }
+    for (const double s : b.extra_boundaries_seconds) wanted.push_back({s, detail::seconds_to_ns(s)});
+    return detail::export_buckets(std::move(wanted), layout);
+  }
+
+  const MetricsRegistryConfig config_;
   std::shared_ptr<detail::MetricsState> state_;
 };
 

@@ -298,7 +298,7 @@ def main():
                  "tailbatch_serve_responses_total", "tailbatch_serve_client_disconnects_total",
                  "tailbatch_serve_request_duration_seconds", "tailbatch_generation_tokens_total",
                  "tailbatch_limiter_in_flight"]:
-        check(re.search(r"^%s[{ ]" % name, b, re.M) is not None, "/metrics exports %s" % name)
+        check(re.search(r"^%s(_bucket)?[{ ]" % name, b, re.M) is not None, "/metrics exports %s" % name)
     promtool = shutil.which("promtool")
     if promtool:
         r = subprocess.run([promtool, "check", "metrics"], input=b.encode(), capture_output=True, timeout=20)

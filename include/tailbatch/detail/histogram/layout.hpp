@@ -73,6 +73,22 @@ class HistogramLayout {
     return low + (slot_high(slot) - low) / 2;
   }
 
+  // Bucket boundaries: boundary(s) is the lowest value of slot s (1 <= s < size()), so the
+  // values below it are exactly those of slots 0 .. s-1. nearest_boundary(v) is the s whose
+  // boundary is nearest to v, at most half a bucket (1/(2M) of v) away: 0 when v is at or
+  // below the first slot's middle, size() when v lies beyond the last slot's middle.
+  [[nodiscard]] constexpr std::uint64_t boundary(std::size_t s) const noexcept {
+    return absolute_low(s + first_);
+  }
+  [[nodiscard]] constexpr std::size_t nearest_boundary(std::uint64_t v) const noexcept {
+    if (v <= lowest_) return 0;
+    if (v > highest_) return size_;
+    const std::size_t s = slot(v);
+    const std::uint64_t low = absolute_low(s + first_);
+    const std::uint64_t next = low + width(s + first_);
+    return v - low <= next - v ? s : s + 1;
+  }
+
   [[nodiscard]] constexpr std::size_t size() const noexcept { return size_; }
   [[nodiscard]] constexpr std::uint64_t lowest() const noexcept { return lowest_; }
   [[nodiscard]] constexpr std::uint64_t highest() const noexcept { return highest_; }
