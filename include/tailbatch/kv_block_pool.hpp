@@ -83,16 +83,18 @@ concept KvToken = std::semiregular<T> && std::equality_comparable<T>;
 // correctness.
 template <class H, class Token>
 concept KvBlockHasher = std::default_initializable<H> && std::copy_constructible<H> &&
-                        requires(const H& h, std::uint64_t parent, std::span<const Token> tokens) {
-                          { h(parent, tokens) } noexcept -> std::same_as<std::uint64_t>;
-                        };
+    requires(const H& h, std::uint64_t parent, std::span<const Token> tokens) {
+  { h(parent, tokens) }
+  noexcept->std::same_as<std::uint64_t>;
+};
 
 // The default KvBlockHasher: integral and enum tokens are mixed as they are, others through
 // std::hash<Token>; a multiply-rotate step per token in four interleaved lanes, the lanes
 // rotated apart, summed and finalized (detail::mix64).
 template <class Token>
-  requires std::integral<Token> || std::is_enum_v<Token> ||
-           requires(const Token& t) { std::hash<Token>{}(t); }
+requires std::integral<Token> || std::is_enum_v<Token> || requires(const Token& t) {
+  std::hash<Token>{}(t);
+}
 struct KvBlockHash {
   [[nodiscard]] std::uint64_t operator()(std::uint64_t parent,
                                          std::span<const Token> tokens) const noexcept {
@@ -110,7 +112,7 @@ struct KvBlockHash {
     }
     for (std::size_t j = 0; j < n % 4; ++j) lane[j] = step(lane[j], t[j]);
     return detail::mix64(lane[0] + std::rotl(lane[1], 16) + std::rotl(lane[2], 32) +
-                             std::rotl(lane[3], 48) + static_cast<std::uint64_t>(tokens.size()));
+                         std::rotl(lane[3], 48) + static_cast<std::uint64_t>(tokens.size()));
   }
 
  private:
@@ -194,15 +196,16 @@ enum class KvAllocStatus : std::uint8_t {
   return "unknown";
 }
 
-// What a KvBlockPool holds and has done, read at one moment (stats()). Each field is read
-// on its own with a relaxed load, so while the owner works they may disagree by the call in
-// progress.
+// What a KvBlockPool holds and has done, read at one moment (stats()). used_blocks and
+// cached_blocks are read together, so used + cached + free == total always holds; the other
+// fields are read one by one with relaxed loads, so while the owner works they may disagree
+// with those two by the call in progress.
 struct KvBlockPoolStats {
   std::size_t total_blocks = 0;
-  std::size_t used_blocks = 0;      // referenced by at least one table
-  std::size_t cached_blocks = 0;    // unreferenced, holding indexed content: evictable
-  std::size_t free_blocks = 0;      // empty
-  std::size_t reserved_blocks = 0;  // booked by reserve-mode allocations, not yet taken
+  std::size_t used_blocks = 0;            // referenced by at least one table
+  std::size_t cached_blocks = 0;          // unreferenced, holding indexed content: evictable
+  std::size_t free_blocks = 0;            // empty
+  std::size_t reserved_blocks = 0;        // booked by reserve-mode allocations, not yet taken
   std::uint64_t prefix_lookups = 0;       // allocate() calls that looked their prompt up
   std::uint64_t prefix_query_tokens = 0;  // prompt tokens those lookups covered
   std::uint64_t prefix_hit_tokens = 0;    // of them, found cached
@@ -215,9 +218,9 @@ struct KvBlockPoolStats {
   }
   // prefix_hit_tokens / prefix_query_tokens; 0 before any lookup. Never blocks. Thread-safe.
   [[nodiscard]] double prefix_hit_rate() const noexcept {
-    return prefix_query_tokens == 0 ? 0.0
-                                    : static_cast<double>(prefix_hit_tokens) /
-                                          static_cast<double>(prefix_query_tokens);
+    return prefix_query_tokens == 0
+               ? 0.0
+               : static_cast<double>(prefix_hit_tokens) / static_cast<double>(prefix_query_tokens);
   }
 };
 
@@ -340,7 +343,7 @@ class KvBlockPool {
   KvBlockPool(KvBlockPool&&) = delete;
   KvBlockPool& operator=(KvBlockPool&&) = delete;
   // Precondition: every table has been freed or destroyed.
-  ~KvBlockPool() { assert(used_.load(std::memory_order_relaxed) == 0); }
+  ~KvBlockPool() { assert(used_blocks_published() == 0); }
 
   // Tokens per block. Never blocks. Thread-safe.
   [[nodiscard]] std::size_t block_size() const noexcept { return block_size_; }
@@ -367,7 +370,8 @@ class KvBlockPool {
   // Whether `blocks` new blocks can be taken with watermark_blocks still available after:
   // the plain count, without a prefix lookup (allocate() does the exact check). Never
   // blocks. Not thread-safe: one owner.
-  [[nodiscard]] bool can_allocate(std::size_t blocks, std::size_t watermark_blocks = 0) const noexcept {
+  [[nodiscard]] bool can_allocate(std::size_t blocks,
+                                  std::size_t watermark_blocks = 0) const noexcept {
     const std::size_t available = available_blocks();
     return blocks <= available && watermark_blocks <= available - blocks;
   }
@@ -424,8 +428,7 @@ class KvBlockPool {
       const KvBlockId b = table.blocks_[i];
       if (blocks_[b].refs++ == 0) {
         lru_.remove(b);
-        publish_sub(cached_, 1);
-        publish_add(used_, 1);
+        publish_held(+1, -1);
       }
     }
     for (std::size_t i = 0; i < fresh; ++i) table.blocks_.push_back(take_block());
@@ -499,7 +502,8 @@ class KvBlockPool {
       block.hash = key;
       block.parent = parent_content;
       block.content = twin != detail::kv::no_block ? blocks_[twin].content : next_content_++;
-      std::copy(block_tokens.begin(), block_tokens.end(), tokens_.data() + std::size_t{b} * block_size_);
+      std::copy(block_tokens.begin(), block_tokens.end(),
+                tokens_.data() + std::size_t{b} * block_size_);
       index_.insert(key, b);
     }
     table.indexed_ = std::max(table.indexed_, full);
@@ -531,10 +535,11 @@ class KvBlockPool {
   [[nodiscard]] KvBlockPoolStats stats() const noexcept {
     KvBlockPoolStats s;
     s.total_blocks = total_;
-    s.used_blocks = used_.load(std::memory_order_relaxed);
-    s.cached_blocks = cached_.load(std::memory_order_relaxed);
-    const std::size_t held = s.used_blocks + s.cached_blocks;
-    s.free_blocks = held < total_ ? total_ - held : 0;
+    const std::uint64_t held = held_.load(std::memory_order_relaxed);  // one word: one moment
+    s.used_blocks = static_cast<std::size_t>(held >> 32);
+    s.cached_blocks = static_cast<std::size_t>(held & 0xffff'ffffU);
+    const std::size_t taken = s.used_blocks + s.cached_blocks;
+    s.free_blocks = taken < total_ ? total_ - taken : 0;
     s.reserved_blocks = booked_published_.load(std::memory_order_relaxed);
     s.prefix_lookups = lookups_.load(std::memory_order_relaxed);
     s.prefix_query_tokens = query_tokens_.load(std::memory_order_relaxed);
@@ -553,11 +558,14 @@ class KvBlockPool {
 
   static KvBlockPoolConfig validated(KvBlockPoolConfig c) {
     if (c.block_size < 1) detail::throw_invalid_argument("KvBlockPool: block_size must be >= 1");
-    if (c.total_blocks < 1) detail::throw_invalid_argument("KvBlockPool: total_blocks must be >= 1");
+    if (c.total_blocks < 1)
+      detail::throw_invalid_argument("KvBlockPool: total_blocks must be >= 1");
     if (c.total_blocks >= detail::kv::no_block)
-      detail::throw_invalid_argument("KvBlockPool: total_blocks must be < 2^32 - 1 (block ids are 32-bit)");
+      detail::throw_invalid_argument(
+          "KvBlockPool: total_blocks must be < 2^32 - 1 (block ids are 32-bit)");
     if (c.prefix_caching && c.block_size > std::numeric_limits<std::size_t>::max() / c.total_blocks)
-      detail::throw_invalid_argument("KvBlockPool: total_blocks * block_size must fit in std::size_t");
+      detail::throw_invalid_argument(
+          "KvBlockPool: total_blocks * block_size must fit in std::size_t");
     return c;
   }
 
@@ -583,7 +591,8 @@ class KvBlockPool {
   }
 
   // The check behind every hash match: the same parent content and the same tokens.
-  auto same_content(std::uint64_t parent_content, std::span<const Token> block_tokens) const noexcept {
+  auto same_content(std::uint64_t parent_content,
+                    std::span<const Token> block_tokens) const noexcept {
     return [this, parent_content, block_tokens](KvBlockId b) noexcept {
       return blocks_[b].parent == parent_content &&
              std::equal(block_tokens.begin(), block_tokens.end(),
@@ -600,26 +609,26 @@ class KvBlockPool {
       free_.pop_back();
     } else {
       b = lru_.pop_front();
-      publish_sub(cached_, 1);
+      publish_held(0, -1);
       index_.erase(blocks_[b].hash, b);
       blocks_[b].content = 0;
       publish_add(evictions_, 1);
       if (evictions_counter_ != nullptr) evictions_counter_->inc();
     }
     blocks_[b].refs = 1;
-    publish_add(used_, 1);
+    publish_held(+1, 0);
     return b;
   }
 
   void release_block(KvBlockId b) noexcept {
     Block& block = blocks_[b];
     if (--block.refs != 0) return;
-    publish_sub(used_, 1);
     if (block.content != 0) {
       lru_.push_back(b);
-      publish_add(cached_, 1);
+      publish_held(-1, +1);
     } else {
       free_.push_back(b);
+      publish_held(-1, 0);
     }
   }
 
@@ -643,6 +652,19 @@ class KvBlockPool {
   static void publish_add(std::atomic<T>& a, std::size_t n) noexcept {
     a.store(a.load(std::memory_order_relaxed) + static_cast<T>(n), std::memory_order_relaxed);
   }
+  // Used and cached blocks change together (a cached block revived, a used one released to
+  // the cache): one word holds both (used in the high half, cached in the low; counts are
+  // below 2^32), so a reader never pairs a count from before a move with one from after it.
+  void publish_held(std::int64_t used_delta, std::int64_t cached_delta) noexcept {
+    const std::uint64_t held = held_.load(std::memory_order_relaxed);
+    const std::uint64_t used = (held >> 32) + static_cast<std::uint64_t>(used_delta);
+    const std::uint64_t cached = (held & 0xffff'ffffU) + static_cast<std::uint64_t>(cached_delta);
+    held_.store(used << 32 | (cached & 0xffff'ffffU), std::memory_order_relaxed);
+  }
+  [[nodiscard]] std::size_t used_blocks_published() const noexcept {
+    return static_cast<std::size_t>(held_.load(std::memory_order_relaxed) >> 32);
+  }
+
   template <class T>
   static void publish_sub(std::atomic<T>& a, std::size_t n) noexcept {
     a.store(a.load(std::memory_order_relaxed) - static_cast<T>(n), std::memory_order_relaxed);
@@ -655,19 +677,27 @@ class KvBlockPool {
         return static_cast<double>(v->load(std::memory_order_relaxed));
       }));
     };
-    gauges_.push_back(r.gauge_callback("tailbatch_kv_blocks_capacity", "Blocks in the KV block pool",
-                                       base, [n = total_] { return static_cast<double>(n); }));
-    gauge("tailbatch_kv_blocks_used", "KV blocks referenced by at least one sequence", &used_);
-    gauge("tailbatch_kv_blocks_cached",
-          "KV blocks holding a reusable prefix that no sequence references (evictable)", &cached_);
+    gauges_.push_back(r.gauge_callback("tailbatch_kv_blocks_capacity",
+                                       "Blocks in the KV block pool", base,
+                                       [n = total_] { return static_cast<double>(n); }));
+    gauges_.push_back(r.gauge_callback(
+        "tailbatch_kv_blocks_used", "KV blocks referenced by at least one sequence", base,
+        [this] { return static_cast<double>(used_blocks_published()); }));
+    gauges_.push_back(r.gauge_callback(
+        "tailbatch_kv_blocks_cached",
+        "KV blocks holding a reusable prefix that no sequence references (evictable)", base,
+        [this] {
+          return static_cast<double>(held_.load(std::memory_order_relaxed) & 0xffff'ffffU);
+        }));
     gauge("tailbatch_kv_blocks_reserved",
           "KV blocks booked by reserve-mode allocations and not yet taken", &booked_published_);
     queries_counter_ = &r.counter("tailbatch_kv_prefix_cache_queries_total",
                                   "Prompt tokens looked up in the KV prefix cache", base);
-    hits_counter_ = &r.counter("tailbatch_kv_prefix_cache_hits_total",
-                               "Prompt tokens found in the KV prefix cache (prefill skips them)", base);
-    evictions_counter_ = &r.counter("tailbatch_kv_evictions_total",
-                                    "Cached KV blocks evicted to make room", base);
+    hits_counter_ =
+        &r.counter("tailbatch_kv_prefix_cache_hits_total",
+                   "Prompt tokens found in the KV prefix cache (prefill skips them)", base);
+    evictions_counter_ =
+        &r.counter("tailbatch_kv_evictions_total", "Cached KV blocks evicted to make room", base);
   }
 
   KvBlockPoolConfig config_;
@@ -675,16 +705,15 @@ class KvBlockPool {
   std::size_t block_size_;
   std::size_t total_;
   std::vector<Block> blocks_;
-  std::vector<Token> tokens_;     // block b's tokens at [b·block_size, (b+1)·block_size) while indexed
-  std::vector<KvBlockId> free_;   // empty blocks, a stack
-  detail::kv::LruList lru_;       // cached blocks, least recently released first
+  std::vector<Token> tokens_;  // block b's tokens at [b·block_size, (b+1)·block_size) while indexed
+  std::vector<KvBlockId> free_;    // empty blocks, a stack
+  detail::kv::LruList lru_;        // cached blocks, least recently released first
   detail::kv::PrefixIndex index_;  // key -> indexed blocks
   std::uint64_t next_content_ = 1;
   std::size_t booked_ = 0;
 
   // Published for stats() and the metrics; written by the owner only.
-  std::atomic<std::size_t> used_{0};
-  std::atomic<std::size_t> cached_{0};
+  std::atomic<std::uint64_t> held_{0};  // used << 32 | cached (publish_held)
   std::atomic<std::size_t> booked_published_{0};
   std::atomic<std::uint64_t> lookups_{0};
   std::atomic<std::uint64_t> query_tokens_{0};
