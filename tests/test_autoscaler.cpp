@@ -291,6 +291,44 @@ TEST_CASE("the Little's-law check flags inputs that cannot all be true") {
   CHECK(a.evaluate(clock.now(), 4, fleet(4, 280.0)).inputs_consistent);
 }
 
+TEST_CASE("requests refused at the door count in the demand but not in the Little's-law check") {
+  ManualClock clock;
+  Autoscaler a(config100());
+  // 4 replicas each offered 200 rps and refusing 150 of them: 50 rps admitted x 100 ms
+  // = 5 requests inside each. The refused ones spend no time inside; counting them in the
+  // arrival rate would predict 4 x 200 x 0.1 = 80 inside against 20 and flag a hidden queue.
+  auto shedding = fleet(4, 800.0);
+  for (auto& r : shedding) {
+    r.rejected_rps = 150.0;
+    r.mean_latency = 100ms;
+    r.queue_depth = 4.0;
+    r.in_flight = 1.0;
+  }
+  const auto d = a.evaluate(clock.now(), 4, shedding);
+  INFO(d.littles_law.explanation);
+  CHECK(d.inputs_consistent);
+  CHECK_FALSE(d.littles_law.hidden_queue_suspected);
+  CHECK(d.littles_law.throughput_per_s == Approx(200.0));
+  CHECK(d.littles_law.predicted_in_flight == Approx(20.0));
+  CHECK(d.littles_law.measured_in_flight == Approx(20.0));
+  // The demand is what arrived, refused or not: 800 rps at 70 per replica wants 12.
+  CHECK(d.arrival_rps == Approx(800.0));
+  CHECK(d.recommended_replicas == 12);
+
+  // A real hidden queue still shows while shedding: 30 inside each against 5 predicted.
+  for (auto& r : shedding) r.queue_depth = 29.0;
+  clock.advance(5s);
+  const auto hidden = a.evaluate(clock.now(), 4, shedding);
+  CHECK_FALSE(hidden.inputs_consistent);
+  CHECK_THAT(hidden.littles_law.explanation, ContainsSubstring("hidden queue suspected"));
+
+  // More refused than arrived cannot be true.
+  auto bad = fleet(1, 10.0);
+  bad[0].rejected_rps = 11.0;
+  clock.advance(5s);
+  CHECK_INVALID((void)a.evaluate(clock.now(), 1, bad), "rejected_rps must be <= arrival_rps");
+}
+
 TEST_CASE("the decision and its inputs are exported to the registry") {
   ManualClock clock;
   tailbatch::MetricsRegistry registry;

@@ -24,8 +24,9 @@
 // scale-up is immediate (stabilization window 0) and limited per period, scale-down takes
 // the highest recommendation of the last stabilization window (300 s by default), so a
 // dip does not shed replicas that the next second needs. A Little's-law check on the
-// inputs (queued + in flight ≈ arrival rate × mean latency) flags readings that cannot all
-// be true, which usually means a metric is taken at the wrong place.
+// inputs (queued + in flight ≈ admitted rate × mean latency; refused requests are demand
+// but never inside) flags readings that cannot all be true, which usually means a metric is taken
+// at the wrong place.
 //
 // Core: standard library only. Exceptions: constructors throw std::invalid_argument naming
 // a bad field; evaluate() throws std::invalid_argument for readings that are negative or
@@ -231,16 +232,22 @@ class ScalingBehavior {
 // instantaneous readings work but make the Little's-law check noisier.
 struct ReplicaSignals {
   // Requests per second arriving at this replica (rate of tailbatch_pipeline_requests_total
-  // plus what is still queued; at a load balancer: requests routed to it).
+  // plus what is still queued; at a load balancer: requests routed to it), refused ones
+  // included: they are demand the fleet failed to serve.
   double arrival_rps = 0.0;
+  // Of arrival_rps, the requests per second refused at the door (queue full, shed, a
+  // deadline that cannot be met): they count in the demand, but spend no time in the
+  // replica and are in neither queue_depth, in_flight nor mean_latency, so the Little's-law
+  // check leaves them out of the arrival rate. Must be <= arrival_rps.
+  double rejected_rps = 0.0;
   // Requests waiting in its queue (tailbatch_pipeline_queue_depth).
   double queue_depth = 0.0;
   // Requests in batches being executed (tailbatch_pipeline_in_flight).
   double in_flight = 0.0;
   // Recent p95 latency, end to end as the SLO is stated (0: no completions).
   std::chrono::nanoseconds p95{0};
-  // Recent mean time a request spends in the replica, from submit to completion: the span
-  // queue_depth + in_flight counts. 0: unknown (the Little's-law check is skipped).
+  // Recent mean time an admitted request spends in the replica, from submit to completion:
+  // the span queue_depth + in_flight counts. 0: unknown (the Little's-law check is skipped).
   std::chrono::nanoseconds mean_latency{0};
   // This replica's measured capacity in requests per second; 0: AutoscalerConfig::capacity_rps.
   double capacity_rps = 0.0;
@@ -321,8 +328,9 @@ struct AutoscaleDecision {
   std::chrono::nanoseconds p95{0};  // the worst replica's
   double capacity_rps = 0.0;     // per replica, as used
   double utilization = 0.0;      // demand / (current × capacity)
-  // The Little's-law check on the inputs (queue_depth + in_flight vs arrival_rps × the
-  // rate-weighted mean latency); consistent when no replica reported a mean latency.
+  // The Little's-law check on the inputs (queue_depth + in_flight vs the admitted rate,
+  // arrival_rps - rejected_rps, × the rate-weighted mean latency); consistent when no
+  // replica reported a mean latency.
   bool inputs_consistent = true;
   LittlesLawCheck littles_law{};
 
@@ -397,11 +405,16 @@ class Autoscaler {
     if (current < 0) detail::throw_invalid_argument("Autoscaler::evaluate: current must be >= 0");
     AutoscaleDecision d;
     d.current_replicas = current;
-    double capacity_sum = 0.0, latency_weighted = 0.0, latency_rate = 0.0;
+    // Little's law holds for what enters the replica: the admitted requests. Rejected ones
+    // are in the demand, but in neither the occupancy nor the latency.
+    double capacity_sum = 0.0, latency_weighted = 0.0, latency_rate = 0.0, admitted_rps = 0.0;
     for (const auto& r : replicas) {
       check_reading(r.arrival_rps, "arrival_rps");
       check_reading(r.queue_depth, "queue_depth");
       check_reading(r.in_flight, "in_flight");
+      check_reading(r.rejected_rps, "rejected_rps");
+      if (r.rejected_rps > r.arrival_rps)
+        detail::throw_invalid_argument("Autoscaler::evaluate: rejected_rps must be <= arrival_rps");
       check_reading(r.capacity_rps, "capacity_rps");
       if (r.p95 < std::chrono::nanoseconds::zero() || r.mean_latency < std::chrono::nanoseconds::zero())
         detail::throw_invalid_argument("Autoscaler::evaluate: p95 and mean_latency must be >= 0");
@@ -410,9 +423,11 @@ class Autoscaler {
       d.in_flight += r.in_flight;
       d.p95 = std::max(d.p95, r.p95);
       capacity_sum += r.capacity_rps > 0.0 ? r.capacity_rps : config_.capacity_rps;
+      const double admitted = r.arrival_rps - r.rejected_rps;
+      admitted_rps += admitted;
       if (r.mean_latency > std::chrono::nanoseconds::zero()) {
-        latency_weighted += r.arrival_rps * duration<double>(r.mean_latency).count();
-        latency_rate += r.arrival_rps;
+        latency_weighted += admitted * duration<double>(r.mean_latency).count();
+        latency_rate += admitted;
       }
     }
     d.capacity_rps = replicas.empty() ? config_.capacity_rps : capacity_sum / static_cast<double>(replicas.size());
@@ -420,7 +435,8 @@ class Autoscaler {
     // Little's law on the inputs: what is in the replicas ≈ arrival rate × time spent there.
     if (latency_rate > 0.0) {
       const auto w = std::chrono::nanoseconds(static_cast<std::int64_t>(latency_weighted / latency_rate * 1e9));
-      d.littles_law = check_littles_law(d.arrival_rps, w, d.queue_depth + d.in_flight, config_.littles_law_threshold);
+      d.littles_law = check_littles_law(admitted_rps, w, d.queue_depth + d.in_flight,
+                                        config_.littles_law_threshold);
       d.inputs_consistent = !d.littles_law.hidden_queue_suspected;
     } else {
       d.littles_law.explanation = "not checked: no replica reported a mean latency";
