@@ -25,8 +25,8 @@
 // the highest recommendation of the last stabilization window (300 s by default), so a
 // dip does not shed replicas that the next second needs. A Little's-law check on the
 // inputs (queued + in flight ≈ admitted rate × mean latency; refused requests are demand
-// but never inside) flags readings that cannot all be true, which usually means a metric is taken
-// at the wrong place.
+// but never inside) flags readings that cannot all be true, which usually means a metric
+// is taken at the wrong place.
 //
 // Core: standard library only. Exceptions: constructors throw std::invalid_argument naming
 // a bad field; evaluate() throws std::invalid_argument for readings that are negative or
