@@ -1,8 +1,6 @@
 // LatencyHistogram, HistogramSnapshot and RollingHistogram: accuracy against exact
 // nearest-rank percentiles, edge cases, merge/reset, the rolling window on ManualClock,
 // coordinated-omission back-fill, and concurrent recording with threads coming and going.
-#include <tailbatch/latency_histogram.hpp>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -15,6 +13,8 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tailbatch/latency_histogram.hpp>
+#include <tailbatch/metrics.hpp>
 #include <thread>
 #include <vector>
 
@@ -272,6 +272,36 @@ TEST_CASE("bad options throw std::invalid_argument naming the field", "[histogra
   o.significant_digits = 9;
   CHECK_THAT(message_of([&] { RollingHistogram<ManualClock> r(10s, 10, o, ManualClock{}); }),
              Catch::Contains("RollingHistogram") && Catch::Contains("significant_digits"));
+}
+
+TEST_CASE("config errors name the LatencyHistogramConfig field, as it is spelled", "[histogram]") {
+  using tailbatch::test::MessageIs;
+  LatencyHistogramConfig o;
+  o.lowest = 0ns;
+  CHECK_THROWS_MATCHES(
+      LatencyHistogram(o), std::invalid_argument,
+      MessageIs("LatencyHistogram: LatencyHistogramConfig::lowest must be >= 1ns"));
+  o = {};
+  o.highest = 1500ns;
+  CHECK_THROWS_MATCHES(
+      HistogramSnapshot(o), std::invalid_argument,
+      MessageIs("HistogramSnapshot: LatencyHistogramConfig::highest must be >= 2 * lowest"));
+  o = {};
+  o.significant_digits = 5;
+  CHECK_THROWS_MATCHES(
+      RollingHistogram<ManualClock>(10s, 10, o, ManualClock{}), std::invalid_argument,
+      MessageIs("RollingHistogram: LatencyHistogramConfig::significant_digits must be in [1, 4]"));
+  // A registry's histogram is a LatencyHistogram, and says so.
+  tailbatch::MetricsRegistry registry;
+  CHECK_THROWS_MATCHES(
+      registry.histogram("h_seconds", "h", {}, o), std::invalid_argument,
+      MessageIs("LatencyHistogram: LatencyHistogramConfig::significant_digits must be in [1, 4]"));
+  // Merging histograms of different configs names what differs.
+  LatencyHistogramConfig three;
+  three.significant_digits = 3;
+  HistogramSnapshot fixed{LatencyHistogramConfig{}};
+  CHECK_THROWS_MATCHES(fixed.merge(LatencyHistogram(three).snapshot()), std::invalid_argument,
+                       MessageIs("HistogramSnapshot::merge: the configs differ"));
 }
 
 TEST_CASE("merge: two halves merge into the whole; differing options throw", "[histogram]") {

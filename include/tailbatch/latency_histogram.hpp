@@ -54,24 +54,25 @@ using HistogramConfig [[deprecated("renamed LatencyHistogramConfig")]] = Latency
 
 namespace detail {
 
-// Validates options and builds their layout. Throws std::invalid_argument naming the field,
-// prefixed by `who`.
+// Validates a config and builds its layout. Throws std::invalid_argument naming the field
+// as LatencyHistogramConfig::<field>, prefixed by `who` ("LatencyHistogram: ...").
 inline HistogramLayout histogram_layout_for(const LatencyHistogramConfig& o, const char* who) {
   const auto fail = [who](const char* what) {
     throw_invalid_argument((std::string(who) + ": " + what).c_str());
   };
-  if (o.lowest.count() < 1) fail("options.lowest must be >= 1ns");
-  if (o.highest.count() / 2 < o.lowest.count()) fail("options.highest must be >= 2 * options.lowest");
+  if (o.lowest.count() < 1) fail("LatencyHistogramConfig::lowest must be >= 1ns");
+  if (o.highest.count() / 2 < o.lowest.count())
+    fail("LatencyHistogramConfig::highest must be >= 2 * lowest");
   if (static_cast<std::uint64_t>(o.highest.count()) > HistogramLayout::max_highest_ns)
-    fail("options.highest must be <= 2^62 ns (about 146 years)");
+    fail("LatencyHistogramConfig::highest must be <= 2^62 ns (about 146 years)");
   if (o.significant_digits < 1 || o.significant_digits > 4)
-    fail("options.significant_digits must be in [1, 4]");
+    fail("LatencyHistogramConfig::significant_digits must be in [1, 4]");
   return HistogramLayout(static_cast<std::uint64_t>(o.lowest.count()),
                          static_cast<std::uint64_t>(o.highest.count()),
                          HistogramLayout::bits_for_digits(o.significant_digits));
 }
 
-// The layout of LatencyHistogramConfig{}, for snapshots built without options.
+// The layout of LatencyHistogramConfig{}, for snapshots built without a config.
 inline constexpr HistogramLayout histogram_default_layout{
     static_cast<std::uint64_t>(std::chrono::nanoseconds(LatencyHistogramConfig{}.lowest).count()),
     static_cast<std::uint64_t>(std::chrono::nanoseconds(LatencyHistogramConfig{}.highest).count()),
@@ -116,16 +117,16 @@ class LatencyHistogram;
 // Exception guarantee: merge() is strong (on a throw the snapshot is unchanged).
 class HistogramSnapshot {
  public:
-  // An empty snapshot with default options; it adopts the options of the first snapshot
+  // An empty snapshot with the default config; it adopts the config of the first snapshot
   // merged into it. Never allocates, never throws. Not thread-safe: a value type.
   HistogramSnapshot() noexcept = default;
 
-  // An empty snapshot with these options, to merge others into. Does not allocate.
+  // An empty snapshot with this config, to merge others into. Does not allocate.
   // Throws std::invalid_argument naming the bad field. Not thread-safe: a value type.
-  explicit HistogramSnapshot(LatencyHistogramConfig options)
-      : options_(options),
-        layout_(detail::histogram_layout_for(options, "HistogramSnapshot")),
-        adopt_options_(false) {}
+  explicit HistogramSnapshot(LatencyHistogramConfig config)
+      : config_(config),
+        layout_(detail::histogram_layout_for(config, "HistogramSnapshot")),
+        adopt_config_(false) {}
 
   // Number of values recorded, including clamped ones. Not thread-safe: a value type.
   [[nodiscard]] std::uint64_t count() const noexcept { return count_; }
@@ -228,23 +229,23 @@ class HistogramSnapshot {
   [[nodiscard]] std::uint64_t overflow_count() const noexcept { return overflow_; }
 
   // Adds other's values to this one. May allocate (std::bad_alloc). Throws
-  // std::invalid_argument if the options differ, except that a default-constructed
-  // snapshot not yet merged into takes the other's options. Strong guarantee.
+  // std::invalid_argument if the configs differ, except that a default-constructed
+  // snapshot not yet merged into takes the other's config. Strong guarantee.
   // Not thread-safe: a value type.
   void merge(const HistogramSnapshot& other) {
-    if (options_ != other.options_ && !adopt_options_)
-      detail::throw_invalid_argument("HistogramSnapshot::merge: options differ");
+    if (config_ != other.config_ && !adopt_config_)
+      detail::throw_invalid_argument("HistogramSnapshot::merge: the configs differ");
     if (counts_.empty() && !other.counts_.empty()) counts_.assign(other.counts_.size(), 0);
-    options_ = other.options_;
+    config_ = other.config_;
     layout_ = other.layout_;
-    adopt_options_ = false;
+    adopt_config_ = false;
     if (other.counts_.empty()) return;
     add_counts(other.counts_.data(), other.count_, other.min_, other.max_, other.sum_lo_,
                other.sum_hi_, other.underflow_, other.overflow_);
   }
 
-  // The options this snapshot was taken with. Not thread-safe: a value type.
-  [[nodiscard]] const LatencyHistogramConfig& config() const noexcept { return options_; }
+  // The config this snapshot was taken with. Not thread-safe: a value type.
+  [[nodiscard]] const LatencyHistogramConfig& config() const noexcept { return config_; }
 
   // The worst relative error of any reported percentile: 1/(2M) (see the top of the file).
   // Not thread-safe: a value type.
@@ -287,9 +288,10 @@ class HistogramSnapshot {
     overflow_ += overflow;
   }
 
-  LatencyHistogramConfig options_{};
+  LatencyHistogramConfig config_{};
   detail::HistogramLayout layout_ = detail::histogram_default_layout;
-  bool adopt_options_ = true;  // default-constructed and never merged into: takes the first other's options
+  bool adopt_config_ =
+      true;  // default-constructed and never merged into: takes the first other's config
   std::vector<std::uint64_t> counts_;  // empty until the first merge: all zero
   std::uint64_t count_ = 0;
   std::uint64_t min_ = 0;
@@ -321,10 +323,10 @@ class LatencyHistogram {
  public:
   // Builds an empty histogram. Allocates the core (about two shards' worth: a fallback
   // shard and the reset baseline). Throws std::invalid_argument naming the bad field of
-  // options, or std::bad_alloc.
-  explicit LatencyHistogram(LatencyHistogramConfig options = {})
-      : options_(options),
-        layout_(detail::histogram_layout_for(options, "LatencyHistogram")),
+  // config, or std::bad_alloc.
+  explicit LatencyHistogram(LatencyHistogramConfig config = {})
+      : config_(config),
+        layout_(detail::histogram_layout_for(config, "LatencyHistogram")),
         core_(std::make_shared<detail::HistogramCore>(layout_)),
         key_(core_->key()) {}
 
@@ -361,17 +363,17 @@ class LatencyHistogram {
   // Allocates (one counts array); takes the mutex briefly, never blocks recorders. A record
   // racing with it is either counted or not. Throws std::bad_alloc. Thread-safe.
   [[nodiscard]] HistogramSnapshot snapshot() const {
-    HistogramSnapshot out(options_);
+    HistogramSnapshot out(config_);
     merge_into(out);
     return out;
   }
 
   // Adds the current contents to `out` (as out.merge(snapshot()) without the extra
   // snapshot). Allocates a temporary counts array. Throws std::invalid_argument if out has
-  // other options, std::bad_alloc; strong guarantee. Thread-safe (out is the caller's).
+  // another config, std::bad_alloc; strong guarantee. Thread-safe (out is the caller's).
   void merge_into(HistogramSnapshot& out) const {
-    if (out.options_ != options_ && !out.adopt_options_)
-      detail::throw_invalid_argument("LatencyHistogram::merge_into: options differ");
+    if (out.config_ != config_ && !out.adopt_config_)
+      detail::throw_invalid_argument("LatencyHistogram::merge_into: the configs differ");
     std::vector<std::uint64_t> counts(layout_.size(), 0);
     detail::HistogramTotals t;
     core_->collect(counts.data(), t);
@@ -404,9 +406,9 @@ class LatencyHistogram {
       sum_hi = wraps > 0 ? static_cast<std::uint64_t>(wraps) : 0;
     }
     if (out.counts_.empty()) out.counts_.assign(layout_.size(), 0);
-    out.options_ = options_;
+    out.config_ = config_;
     out.layout_ = layout_;
-    out.adopt_options_ = false;
+    out.adopt_config_ = false;
     out.add_counts(counts.data(), count, min, max, t.sum, sum_hi, t.underflow, t.overflow);
   }
 
@@ -415,11 +417,11 @@ class LatencyHistogram {
   // Thread-safe.
   void reset() noexcept { core_->reset(); }
 
-  // The options given at construction. Thread-safe.
-  [[nodiscard]] const LatencyHistogramConfig& config() const noexcept { return options_; }
+  // The config given at construction. Thread-safe.
+  [[nodiscard]] const LatencyHistogramConfig& config() const noexcept { return config_; }
 
   // Heap bytes of one recording thread's shard (header + counters): 13,696 at the default
-  // options. Thread-safe.
+  // config. Thread-safe.
   [[nodiscard]] std::size_t shard_bytes() const noexcept {
     return detail::HistogramShard::bytes_for(layout_.size());
   }
@@ -455,7 +457,7 @@ class LatencyHistogram {
     }
   }
 
-  const LatencyHistogramConfig options_;
+  const LatencyHistogramConfig config_;
   const detail::HistogramLayout layout_;
   const std::shared_ptr<detail::HistogramCore> core_;
   const void* const key_;
@@ -476,16 +478,16 @@ class RollingHistogram {
  public:
   // window / slots is the rotation step (integer nanoseconds; the effective window is
   // slots times it). Allocates every slot. Throws std::invalid_argument naming the bad
-  // field (window > 0, 1 <= slots <= 1000, window >= slots ns, and options as
+  // field (window > 0, 1 <= slots <= 1000, window >= slots ns, and config as
   // LatencyHistogram).
-  RollingHistogram(std::chrono::nanoseconds window, int slots = 10, LatencyHistogramConfig options = {},
-                   C clock = C{})
-      : options_(validate(window, slots, options)),
+  RollingHistogram(std::chrono::nanoseconds window, int slots = 10,
+                   LatencyHistogramConfig config = {}, C clock = C{})
+      : config_(validate(window, slots, config)),
         step_(window / slots),
         clock_(std::move(clock)),
         origin_(clock_.now()) {
     slots_.reserve(static_cast<std::size_t>(slots));
-    for (int i = 0; i < slots; ++i) slots_.push_back(std::make_unique<Slot>(options_));
+    for (int i = 0; i < slots; ++i) slots_.push_back(std::make_unique<Slot>(config_));
   }
 
   RollingHistogram(const RollingHistogram&) = delete;
@@ -504,7 +506,7 @@ class RollingHistogram {
   // The samples recorded within the window (see the class comment). Allocates; takes each
   // slot's mutex briefly. Throws std::bad_alloc. Thread-safe.
   [[nodiscard]] HistogramSnapshot snapshot() const {
-    HistogramSnapshot out(options_);
+    HistogramSnapshot out(config_);
     const std::int64_t now = epoch(clock_.now());
     const auto n = static_cast<std::int64_t>(slots_.size());
     for (const auto& s : slots_) {
@@ -529,8 +531,8 @@ class RollingHistogram {
   }
   // Number of slots. Thread-safe.
   [[nodiscard]] int slots() const noexcept { return static_cast<int>(slots_.size()); }
-  // The options of every slot. Thread-safe.
-  [[nodiscard]] const LatencyHistogramConfig& config() const noexcept { return options_; }
+  // The config of every slot. Thread-safe.
+  [[nodiscard]] const LatencyHistogramConfig& config() const noexcept { return config_; }
 
  private:
   static constexpr std::int64_t never = std::numeric_limits<std::int64_t>::min();
@@ -570,7 +572,7 @@ class RollingHistogram {
     }
   }
 
-  const LatencyHistogramConfig options_;
+  const LatencyHistogramConfig config_;
   const std::chrono::nanoseconds step_;
   C clock_;
   typename C::time_point origin_;
