@@ -85,39 +85,8 @@ class HostLanes {
  public:
   using Lane = HostLane;
 
-  class Lease {
-   public:
-    Lease(Lease&& other) noexcept
-        : owner_(std::exchange(other.owner_, nullptr)), slot_(other.slot_) {}
-    Lease& operator=(Lease&& other) noexcept {
-      if (this != &other) {
-        release();
-        owner_ = std::exchange(other.owner_, nullptr);
-        slot_ = other.slot_;
-      }
-      return *this;
-    }
-    Lease(const Lease&) = delete;
-    Lease& operator=(const Lease&) = delete;
-    ~Lease() { release(); }
-
-    // The leased lane. Precondition: the lease was not moved from. Not thread-safe: one
-    // owner at a time.
-    [[nodiscard]] HostLane& lane() const noexcept { return owner_->lanes_[index()]; }
-    // The leased lane's index. Precondition: not moved from. Not thread-safe: one owner at
-    // a time.
-    [[nodiscard]] std::size_t index() const noexcept { return owner_->slots_.lane_of(slot_); }
-
-   private:
-    friend class HostLanes;
-    Lease(HostLanes* owner, std::size_t slot) noexcept : owner_(owner), slot_(slot) {}
-    void release() noexcept {
-      if (owner_ != nullptr) std::exchange(owner_, nullptr)->slots_.give_back(slot_);
-    }
-
-    HostLanes* owner_;
-    std::size_t slot_;
-  };
+  // Move-only; holds one slot of one lane until destroyed (LaneBackend in this file).
+  using Lease = detail::SlotLease<HostLanes, HostLane>;
 
   // `lanes` lanes of `lane_capacity` slots each. Allocates. Throws std::invalid_argument
   // ("HostLanes: lanes must be >= 1", "HostLanes: lane_capacity must be >= 1").
@@ -160,10 +129,15 @@ class HostLanes {
   }
 
  private:
+  friend Lease;
+
   std::optional<Lease> lease(std::optional<std::size_t> slot) noexcept {
     if (!slot) return std::nullopt;
     return Lease(this, *slot);
   }
+  HostLane& leased_lane(std::size_t slot) noexcept { return lanes_[slots_.lane_of(slot)]; }
+  std::size_t leased_index(std::size_t slot) const noexcept { return slots_.lane_of(slot); }
+  void give_back(std::size_t slot) noexcept { slots_.give_back(slot); }
 
   std::vector<HostLane> lanes_;
   detail::LaneSlots slots_;

@@ -259,36 +259,9 @@ class StreamPool {
  public:
   using Lane = StreamLane;
 
-  class Lease {
-   public:
-    Lease(Lease&& other) noexcept : owner_(std::exchange(other.owner_, nullptr)), slot_(other.slot_) {}
-    Lease& operator=(Lease&& other) noexcept {
-      if (this != &other) {
-        release();
-        owner_ = std::exchange(other.owner_, nullptr);
-        slot_ = other.slot_;
-      }
-      return *this;
-    }
-    Lease(const Lease&) = delete;
-    Lease& operator=(const Lease&) = delete;
-    // Returns the slot; waits for the stream first if the batch left work unsynchronized.
-    ~Lease() { release(); }
-
-    // The leased slot. Precondition: not moved from. Not thread-safe: one owner at a time.
-    [[nodiscard]] StreamLane& lane() const noexcept { return *owner_->slots_[slot_]; }
-    // The leased stream's index. Not thread-safe: one owner at a time.
-    [[nodiscard]] std::size_t index() const noexcept { return owner_->slots_[slot_]->index(); }
-
-   private:
-    friend class StreamPool;
-    Lease(StreamPool* owner, std::size_t slot) noexcept : owner_(owner), slot_(slot) {}
-    void release() noexcept {
-      if (owner_ != nullptr) std::exchange(owner_, nullptr)->give_back(slot_);
-    }
-    StreamPool* owner_;
-    std::size_t slot_;
-  };
+  // Move-only; holds one slot of one stream until destroyed, then returns it, waiting for
+  // the stream first if the batch left work unsynchronized (LaneBackend in lanes.hpp).
+  using Lease = tailbatch::detail::SlotLease<StreamPool, StreamLane>;
 
   // Opens the device, creates the streams, events and buffers. Blocks (device
   // initialization can take a second). Throws as the class comment says.
@@ -378,10 +351,14 @@ class StreamPool {
     return c;
   }
 
+  friend Lease;
+
   std::optional<Lease> lease(std::optional<std::size_t> slot) noexcept {
     if (!slot) return std::nullopt;
     return Lease(this, *slot);
   }
+  StreamLane& leased_lane(std::size_t slot) const noexcept { return *slots_[slot]; }
+  std::size_t leased_index(std::size_t slot) const noexcept { return slots_[slot]->index(); }
 
   void give_back(std::size_t slot) noexcept {
     slots_[slot]->end_lease();

@@ -1,6 +1,6 @@
-// Slot accounting shared by the lane backends (HostLanes, cuda::StreamPool): `lanes` lanes
-// of `capacity` slots each. A take picks the least-loaded lane below its cap (the lowest
-// index among equals) and a free slot in it; slot s belongs to lane s / capacity.
+// Slot accounting and the lease shared by the lane backends (HostLanes, cuda::StreamPool):
+// `lanes` lanes of `capacity` slots each. A take picks the least-loaded lane below its cap (the
+// lowest index among equals) and a free slot in it; slot s belongs to lane s / capacity.
 //
 // Fair among takers: a taker that has to wait joins a first-come, first-served line, and
 // a slot given back goes to the first in line; while anyone waits, try_take finds
@@ -14,9 +14,52 @@
 #include <cstddef>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace tailbatch::detail {
+
+// The lease of a lane backend (LaneBackend::Lease in lanes.hpp): move-only, it holds one
+// slot of `Owner` and gives it back exactly once, when destroyed or assigned over. Only
+// the owner makes one. The owner provides, privately (befriending this class):
+//   Lane& leased_lane(std::size_t slot) const noexcept        the slot's lane
+//   std::size_t leased_index(std::size_t slot) const noexcept  that lane's index
+//   void give_back(std::size_t slot) noexcept                  returns the slot
+template <class Owner, class Lane>
+class SlotLease {
+ public:
+  SlotLease(SlotLease&& other) noexcept
+      : owner_(std::exchange(other.owner_, nullptr)), slot_(other.slot_) {}
+  SlotLease& operator=(SlotLease&& other) noexcept {
+    if (this != &other) {
+      release();
+      owner_ = std::exchange(other.owner_, nullptr);
+      slot_ = other.slot_;
+    }
+    return *this;
+  }
+  SlotLease(const SlotLease&) = delete;
+  SlotLease& operator=(const SlotLease&) = delete;
+  // Returns the slot (a backend may wait for the lane first: the StreamPool for its stream).
+  ~SlotLease() { release(); }
+
+  // The leased lane. Precondition: the lease was not moved from. Not thread-safe: one
+  // owner at a time.
+  [[nodiscard]] Lane& lane() const noexcept { return owner_->leased_lane(slot_); }
+  // The leased lane's index. Precondition: not moved from. Not thread-safe: one owner at
+  // a time.
+  [[nodiscard]] std::size_t index() const noexcept { return owner_->leased_index(slot_); }
+
+ private:
+  friend Owner;
+  SlotLease(Owner* owner, std::size_t slot) noexcept : owner_(owner), slot_(slot) {}
+  void release() noexcept {
+    if (owner_ != nullptr) std::exchange(owner_, nullptr)->give_back(slot_);
+  }
+
+  Owner* owner_;
+  std::size_t slot_;
+};
 
 // Thread-safe. The constructor allocates (std::bad_alloc); nothing else throws, except
 // take_for (std::system_error, from the condition variable).
