@@ -30,3 +30,36 @@ endif()
 if(TAILBATCH_BUILD_EXAMPLES OR TAILBATCH_BUILD_BENCHMARKS OR TAILBATCH_BUILD_TESTS)
   find_package(fmt REQUIRED)
 endif()
+
+# tailbatch_add_programs(OUT_VAR var [PREFIX p] GLOB pattern... LINK target... [INCLUDE dir...])
+# One executable per file matching the GLOB patterns, named after the file (with PREFIX:
+# benchmarks/cuda/bench_x.cu builds cuda_bench_x), linked to LINK, with INCLUDE as private
+# include directories. The names go to OUT_VAR. Used by tests/, examples/ and benchmarks/,
+# whose programs are one file each.
+function(tailbatch_add_programs)
+  cmake_parse_arguments(P "" "OUT_VAR;PREFIX" "GLOB;LINK;INCLUDE" ${ARGN})
+  file(GLOB _sources CONFIGURE_DEPENDS ${P_GLOB})
+  set(_names)
+  foreach(_src IN LISTS _sources)
+    get_filename_component(_name ${_src} NAME_WE)
+    set(_name ${P_PREFIX}${_name})
+    add_executable(${_name} ${_src})
+    target_link_libraries(${_name} PRIVATE ${P_LINK})
+    if(P_INCLUDE)
+      target_include_directories(${_name} PRIVATE ${P_INCLUDE})
+    endif()
+    list(APPEND _names ${_name})
+  endforeach()
+  if(P_OUT_VAR)
+    set(${P_OUT_VAR} ${_names} PARENT_SCOPE)
+  endif()
+endfunction()
+
+# Includes every *.cmake file of the calling directory (the extra registrations of tests/,
+# examples/ and benchmarks/), in name order. A macro, so that they run in the caller's scope.
+macro(tailbatch_include_extras)
+  file(GLOB _tailbatch_extras CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cmake)
+  foreach(_extra IN LISTS _tailbatch_extras)
+    include(${_extra})
+  endforeach()
+endmacro()

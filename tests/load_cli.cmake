@@ -6,19 +6,11 @@ if(NOT TAILBATCH_BUILD_EXAMPLES)
   return()
 endif()
 
+include(${CMAKE_CURRENT_SOURCE_DIR}/cli/cli_test.cmake)
+
 # tailbatch_load_cli_test(NAME RC rc ARGS a b c EXPECT re re [FORBID re])
 function(tailbatch_load_cli_test name)
-  cmake_parse_arguments(T "" "RC" "ARGS;EXPECT;FORBID" ${ARGN})
-  list(JOIN T_ARGS "@@" _args)
-  list(JOIN T_EXPECT "@@" _expect)
-  set(_defs -DCOMMAND=$<TARGET_FILE:tailbatch-load>@@${_args} -DEXPECT_RC=${T_RC} -DEXPECT=${_expect}
-            -DWORKDIR=${CMAKE_CURRENT_BINARY_DIR}/cli_${name})
-  if(T_FORBID)
-    list(JOIN T_FORBID "@@" _forbid)
-    list(APPEND _defs -DFORBID=${_forbid})
-  endif()
-  add_test(NAME cli_${name} COMMAND ${CMAKE_COMMAND} ${_defs} -P ${CMAKE_CURRENT_SOURCE_DIR}/cli/expect.cmake)
-  set_tests_properties(cli_${name} PROPERTIES LABELS cli TIMEOUT 120)
+  tailbatch_cli_test(${name} tailbatch-load ${ARGN})
 endfunction()
 
 # ---- bad arguments: what is wrong, said plainly; never a 309-digit bound ------------------

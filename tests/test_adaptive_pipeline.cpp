@@ -18,12 +18,6 @@
 
 #include "tailbatch_test.hpp"
 
-#if defined(TAILBATCH_CATCH2_V3)
-using Catch::Approx;
-#else
-using Catch::Detail::Approx;
-#endif
-
 using namespace std::chrono_literals;
 
 TEST_CASE("AdaptiveWindow behind a Pipeline converges to the cost of a sleeping model", "[adaptive][pipeline][threads]") {

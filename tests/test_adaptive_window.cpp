@@ -21,12 +21,6 @@
 
 #include "tailbatch_test.hpp"
 
-#if defined(TAILBATCH_CATCH2_V3)
-using Catch::Approx;
-#else
-using Catch::Detail::Approx;
-#endif
-
 using namespace tailbatch;
 using namespace std::chrono_literals;
 
@@ -99,8 +93,6 @@ void drive_arrivals(const AdaptiveWindow& p, ManualClock& clock, std::size_t cou
     q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(d.count));
   }
 }
-
-using tailbatch::test::MessageContains;
 
 const LinearCost example1_cost{20ms, 3ms};
 

@@ -24,21 +24,7 @@ using tailbatch::ScalingBehavior;
 using tailbatch::ScalingBehaviorConfig;
 using tailbatch::ScalingPolicy;
 
-#if defined(TAILBATCH_CATCH2_V3)
-using Catch::Approx;
-using Catch::Matchers::ContainsSubstring;
-#else
-using Catch::Detail::Approx;
-inline auto ContainsSubstring(const std::string& s) { return Catch::Matchers::Contains(s); }
-#endif
-
 namespace {
-
-using tailbatch::test::MessageContains;
-using tailbatch::test::MessageIs;
-using tailbatch::test::MessageStartsWith;
-#define CHECK_INVALID(stmt, text) \
-  CHECK_THROWS_MATCHES(([&] { stmt; }()), std::invalid_argument, MessageContains(text))
 
 // 100 requests/s per replica is the measured capacity: at 70 % a replica is planned for 70.
 AutoscalerConfig config100() {

@@ -27,10 +27,6 @@ BatchView view(const std::vector<BatchCandidate>& c, BatchTime now, bool flush =
   return BatchView{std::span<const BatchCandidate>(c), c.size(), now, flush};
 }
 
-using tailbatch::test::MessageContains;
-using tailbatch::test::MessageIs;
-using tailbatch::test::MessageStartsWith;
-
 }  // namespace
 
 TEST_CASE("FixedWindow: empty queue waits for the first arrival") {

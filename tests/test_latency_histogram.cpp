@@ -275,7 +275,6 @@ TEST_CASE("bad options throw std::invalid_argument naming the field", "[histogra
 }
 
 TEST_CASE("config errors name the LatencyHistogramConfig field, as it is spelled", "[histogram]") {
-  using tailbatch::test::MessageIs;
   LatencyHistogramConfig o;
   o.lowest = 0ns;
   CHECK_THROWS_MATCHES(

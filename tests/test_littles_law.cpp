@@ -10,20 +10,10 @@
 
 #include "tailbatch_test.hpp"
 
-#if defined(TAILBATCH_CATCH2_V3)
-using Catch::Approx;
-#else
-using Catch::Detail::Approx;
-#endif
-
 using namespace std::chrono_literals;
 using tailbatch::MetricsRegistry;
 
 namespace {
-
-using tailbatch::test::MessageContains;
-using tailbatch::test::MessageIs;
-using tailbatch::test::MessageStartsWith;
 
 bool contains(std::string_view haystack, std::string_view needle) {
   return haystack.find(needle) != std::string_view::npos;

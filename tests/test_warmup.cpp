@@ -42,10 +42,6 @@ struct Seen {
   }
 };
 
-using tailbatch::test::MessageContains;
-using tailbatch::test::MessageIs;
-using tailbatch::test::MessageStartsWith;
-
 const std::vector<int> samples = {1, 2, 3};
 
 }  // namespace

@@ -69,3 +69,25 @@ inline MessageMatcher MessageStartsWith(std::string text) {
 }
 
 }  // namespace tailbatch::test
+
+// The exception matchers, by their plain names in every test.
+using tailbatch::test::MessageContains;
+using tailbatch::test::MessageIs;
+using tailbatch::test::MessageStartsWith;
+
+// The names that differ between Catch2 2.x and 3.x, spelled one way for every test:
+// Approx, and ContainsSubstring (3.x's name for 2.x's Contains string matcher).
+#if defined(TAILBATCH_CATCH2_V3)
+using Catch::Approx;
+using Catch::Matchers::ContainsSubstring;
+#else
+using Catch::Detail::Approx;
+inline auto ContainsSubstring(const std::string& s) { return Catch::Matchers::Contains(s); }
+#endif
+
+// Checks that `expr` (an expression; wrapped in a lambda, so a [[nodiscard]] result or a
+// temporary is fine) throws std::invalid_argument whose message contains `text`, the field
+// a configuration error must name.
+#define CHECK_INVALID(expr, text)                                      \
+  CHECK_THROWS_MATCHES(([&] { return expr; }()), std::invalid_argument, \
+                       MessageContains(text))

@@ -22,14 +22,6 @@ using tailbatch::LinearCost;
 using tailbatch::LoadBalancing;
 using tailbatch::LoadProfile;
 
-#if defined(TAILBATCH_CATCH2_V3)
-using Catch::Approx;
-using Catch::Matchers::ContainsSubstring;
-#else
-using Catch::Detail::Approx;
-inline auto ContainsSubstring(const std::string& s) { return Catch::Matchers::Contains(s); }
-#endif
-
 namespace {
 
 // The latency field guide's Example 1 replica: 20 + 3 (b - 1) ms per batch, 2 lanes, 5 ms
@@ -46,11 +38,6 @@ FleetConfig example1(double rps, std::chrono::nanoseconds length, std::size_t re
 }
 
 const FixedWindow batching(16, 8ms);
-
-using tailbatch::test::MessageContains;
-using tailbatch::test::MessageIs;
-using tailbatch::test::MessageStartsWith;
-#define CHECK_INVALID(stmt, text) CHECK_THROWS_MATCHES(([&] { stmt; }()), std::invalid_argument, MessageContains(text))
 
 }  // namespace
 

@@ -26,12 +26,6 @@ using tailbatch::LoadProfile;
 using tailbatch::ManualClock;
 using tailbatch::Status;
 
-#if defined(TAILBATCH_CATCH2_V3)
-using Catch::Approx;
-#else
-using Catch::Detail::Approx;
-#endif
-
 namespace {
 
 std::vector<double> arrivals_s(const LoadProfile& p, std::uint64_t seed) {

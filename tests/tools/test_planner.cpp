@@ -13,21 +13,7 @@ using tailbatch::CapacityPlan;
 using tailbatch::LatencyProfile;
 using tailbatch::PlannerConfig;
 
-#if defined(TAILBATCH_CATCH2_V3)
-using Catch::Approx;
-using Catch::Matchers::ContainsSubstring;
-#else
-using Catch::Detail::Approx;
-inline auto ContainsSubstring(const std::string& s) { return Catch::Matchers::Contains(s); }
-#endif
-
 namespace {
-
-using tailbatch::test::MessageContains;
-using tailbatch::test::MessageIs;
-using tailbatch::test::MessageStartsWith;
-#define CHECK_INVALID(expr, text) \
-  CHECK_THROWS_MATCHES(([&] { return expr; }()), std::invalid_argument, MessageContains(text))
 
 // The latency field guide's Example 1: base 20 ms, +3 ms per extra item, network 5 ms, window 8 ms, two
 // GPU streams, p95 SLO 150 ms.

@@ -13,12 +13,6 @@
 
 #include "tailbatch_test.hpp"
 
-#if defined(TAILBATCH_CATCH2_V3)
-using Catch::Approx;
-#else
-using Catch::Detail::Approx;
-#endif
-
 using namespace std::chrono_literals;
 using tailbatch::FixedWindow;
 using tailbatch::LinearCost;
