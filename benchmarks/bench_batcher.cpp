@@ -18,6 +18,9 @@
 //                              outcomes, shutdown): the floor of this design.
 //   BM_Window_DispatchLag      the lag between a window's expiry and the model call, for
 //                              2 ms and 5 ms windows: p50 and p99 counters in microseconds.
+//   BM_Clock_SteadyNow         one std::chrono::steady_clock::now(): what an arrival stamp
+//                              costs a submit that reads the clock (docs/pipeline.md,
+//                              "Threads"); a baseline for the cycle-counter stamps.
 //
 // What this does not show: a real model's cost (the batcher's overhead matters only
 // relative to it), behaviour across NUMA nodes, or latency under open-loop load (see
@@ -302,5 +305,12 @@ void BM_Window_DispatchLag(benchmark::State& state) {
 BENCHMARK(BM_Window_DispatchLag)->Arg(2)->Arg(5)->Iterations(300)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
+
+// One steady-clock read, single-threaded: the vDSO's clock_gettime (on a KVM guest, the
+// kvm-clock page).
+void BM_Clock_SteadyNow(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(std::chrono::steady_clock::now());
+}
+BENCHMARK(BM_Clock_SteadyNow);
 
 BENCHMARK_MAIN();

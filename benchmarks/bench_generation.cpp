@@ -193,23 +193,33 @@ class StaticBatcher {
   std::thread worker_;
 };
 
+// n fresh sequences, one decode lane each (every lane feeds its sequence's next input).
+// The lanes point into the states: neither copyable nor movable.
+struct DecodeLanes {
+  std::vector<GeneratorState> states;
+  std::vector<GeneratorLane> lanes;
+  DecodeLanes(const Generator& g, std::size_t n) : states(n), lanes(n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      states[i] = g.new_state(i);
+      lanes[i].state = &states[i];
+      lanes[i].feed = std::span<const std::int32_t>(&states[i].next_input, 1);
+    }
+  }
+  DecodeLanes(const DecodeLanes&) = delete;
+  DecodeLanes& operator=(const DecodeLanes&) = delete;
+};
+
 // The calibrated arrival rate: half the static batcher's capacity, kBatch sequences per
 // E[longest] steps of a full lane group.
 double open_loop_rate() {
   static const double rate = [] {
     auto& g = generator();
-    std::vector<GeneratorState> states(kBatch);
-    std::vector<GeneratorLane> lanes(kBatch);
-    for (std::size_t i = 0; i < kBatch; ++i) {
-      states[i] = g.new_state(i);
-      lanes[i].state = &states[i];
-      lanes[i].feed = std::span<const std::int32_t>(&states[i].next_input, 1);
-    }
+    DecodeLanes d(g, kBatch);
     reference::GeneratorWorkspace ws;
-    for (int i = 0; i < 20; ++i) g.step(lanes, ws);
+    for (int i = 0; i < 20; ++i) g.step(d.lanes, ws);
     const int reps = 100;
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) g.step(lanes, ws);
+    for (int i = 0; i < reps; ++i) g.step(d.lanes, ws);
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
     const reference::OutputLengths dist(kMinLen, kMaxLen, 0);
     return 0.5 * kBatch / (dist.expected_longest(kBatch) * step_s);
@@ -323,15 +333,9 @@ void BM_Generation_Static(benchmark::State& state) {
 void BM_Generation_Step(benchmark::State& state) {
   auto& g = generator();
   const auto n = static_cast<std::size_t>(state.range(0));
-  std::vector<GeneratorState> states(n);
-  std::vector<GeneratorLane> lanes(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    states[i] = g.new_state(i);
-    lanes[i].state = &states[i];
-    lanes[i].feed = std::span<const std::int32_t>(&states[i].next_input, 1);
-  }
+  DecodeLanes d(g, n);
   reference::GeneratorWorkspace ws;
-  for (auto _ : state) g.step(lanes, ws);
+  for (auto _ : state) g.step(d.lanes, ws);
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * n));
   state.counters["weight_MiB"] = static_cast<double>(g.weight_bytes_per_step()) / 1048576.0;
 }

@@ -50,8 +50,6 @@ std::vector<std::int32_t> concat(std::vector<std::int32_t> a, const std::vector<
   return a;
 }
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
 std::vector<KvBlockId> ids(const Table& t) { return {t.blocks().begin(), t.blocks().end()}; }
 
 // The pool's state partition: every block is used, cached or free, exactly once.

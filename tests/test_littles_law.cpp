@@ -13,14 +13,6 @@
 using namespace std::chrono_literals;
 using tailbatch::MetricsRegistry;
 
-namespace {
-
-bool contains(std::string_view haystack, std::string_view needle) {
-  return haystack.find(needle) != std::string_view::npos;
-}
-
-}  // namespace
-
 TEST_CASE("Little's law: the latency field guide's Example 3 is consistent", "[metrics][littles_law]") {
   // "Concurrency per instance ≈ throughput × latency ≈ 350 × 0.12 ≈ 42."
   const auto c = tailbatch::check_littles_law(350.0, 120ms, 42.0);

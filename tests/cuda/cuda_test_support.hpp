@@ -24,6 +24,9 @@ inline void check(bool ok, const char* what, const char* file, int line) {
   }
 }
 
+// Whether `text` contains `part`.
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
 // Prints the reason and exits with 77 (skipped).
 [[noreturn]] inline void skip(const std::string& reason) {
   std::printf("SKIPPED: %s\n", reason.c_str());
@@ -58,6 +61,9 @@ inline int finish(const char* name) {
 }
 
 }  // namespace tailbatch::cuda_test
+
+// By its plain name in every CUDA test, as in the Catch2 tests (tailbatch_test.hpp).
+using tailbatch::cuda_test::contains;
 
 #define CHECK(cond) ::tailbatch::cuda_test::check(static_cast<bool>(cond), #cond, __FILE__, __LINE__)
 

@@ -39,8 +39,6 @@ using tailbatch::reference::Sentiment;
 
 namespace {
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
 // Runs texts through a Pipeline on `lanes` and compares with the CPU twin: logits bit for
 // bit (the GPU computes them in the same order), labels equal.
 void check_pipeline(FallbackLanes& lanes, const Classifier& clf) {

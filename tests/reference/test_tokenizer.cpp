@@ -17,12 +17,6 @@ using tailbatch::reference::sentiment_lexicon;
 using tailbatch::reference::Tokenizer;
 using tailbatch::reference::TokenizerConfig;
 
-namespace {
-bool contains(const std::string& haystack, std::string_view needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-}  // namespace
-
 TEST_CASE("fnv1a64 matches the published FNV-1a 64-bit test vectors") {
   STATIC_REQUIRE(fnv1a64("") == 0xcbf29ce484222325ULL);
   STATIC_REQUIRE(fnv1a64("a") == 0xaf63dc4c8601ec8cULL);

@@ -11,6 +11,7 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace tailbatch::test {
@@ -62,6 +63,9 @@ class MessageMatcher final : public ExceptionMatcherBase {
   std::string text_;
 };
 
+// Whether `text` contains `part`: for checks on messages, logs and exposition text.
+inline bool contains(std::string_view text, std::string_view part) { return text.find(part) != std::string_view::npos; }
+
 inline MessageMatcher MessageIs(std::string text) { return {MessageMatcher::Mode::is, std::move(text)}; }
 inline MessageMatcher MessageContains(std::string text) { return {MessageMatcher::Mode::contains, std::move(text)}; }
 inline MessageMatcher MessageStartsWith(std::string text) {
@@ -70,10 +74,11 @@ inline MessageMatcher MessageStartsWith(std::string text) {
 
 }  // namespace tailbatch::test
 
-// The exception matchers, by their plain names in every test.
+// The exception matchers and contains(), by their plain names in every test.
 using tailbatch::test::MessageContains;
 using tailbatch::test::MessageIs;
 using tailbatch::test::MessageStartsWith;
+using tailbatch::test::contains;
 
 // The names that differ between Catch2 2.x and 3.x, spelled one way for every test:
 // Approx, and ContainsSubstring (3.x's name for 2.x's Contains string matcher).

@@ -74,6 +74,34 @@ struct GeneratorLane {
   std::int32_t token = -1;  // out: the sampled token when emit
 };
 
+// A ContinuousBatcher's step through GeneratorLanes, shared by Generator::step_sequences
+// and its CUDA twin: points lanes[i] at batch[i] (its state, whether it emits, its input:
+// the token sampled last while decoding, else its next prefill chunk), calls
+// step(lanes), then emits each sampled token and finishes a sequence that sampled `eos`.
+// Allocates only to grow `lanes`. Not thread-safe: one step at a time.
+template <class Sequence, class Step>
+void step_sequences_through_lanes(std::span<Sequence> batch, std::vector<GeneratorLane>& lanes, std::int32_t eos,
+                                  Step&& step) {
+  lanes.resize(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    auto& seq = batch[i];
+    auto& lane = lanes[i];
+    lane.state = &seq.state();
+    lane.emit = seq.emits();
+    if (seq.decoding()) {
+      lane.feed = std::span<const std::int32_t>(&seq.state().next_input, 1);
+    } else {
+      lane.feed = seq.prefill_chunk();
+    }
+  }
+  step(std::span<GeneratorLane>(lanes));
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    if (!lanes[i].emit) continue;
+    batch[i].emit(lanes[i].token);
+    if (lanes[i].token == eos) batch[i].finish();
+  }
+}
+
 // Read-only views of the weights, for copying them to a device. Layouts (row-major):
 //   embeddings               [vocab_size][hidden_dim]
 //   w_in, w_out              [hidden_dim (output)][hidden_dim (input)]
@@ -275,24 +303,8 @@ class Generator {
   // and finishes a sequence at eos_token. Not thread-safe: one step at a time.
   template <class Sequence>
   void step_sequences(std::span<Sequence> batch) {
-    lanes_.resize(batch.size());
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      auto& seq = batch[i];
-      auto& lane = lanes_[i];
-      lane.state = &seq.state();
-      lane.emit = seq.emits();
-      if (seq.decoding()) {
-        lane.feed = std::span<const std::int32_t>(&seq.state().next_input, 1);
-      } else {
-        lane.feed = seq.prefill_chunk();
-      }
-    }
-    step(std::span<GeneratorLane>(lanes_));
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      if (!lanes_[i].emit) continue;
-      batch[i].emit(lanes_[i].token);
-      if (lanes_[i].token == config_.eos_token) batch[i].finish();
-    }
+    step_sequences_through_lanes(batch, lanes_, config_.eos_token,
+                                 [this](std::span<GeneratorLane> lanes) { step(lanes); });
   }
 
   // Generates max_new_tokens after prompt for one sequence, alone, one step per token.

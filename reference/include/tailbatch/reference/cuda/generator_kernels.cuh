@@ -234,20 +234,8 @@ class DeviceGenerator {
   // reference::Generator::step_sequences, on `stream`. Not thread-safe: one step at a time.
   template <class Sequence>
   void step_sequences(std::span<Sequence> batch, cudaStream_t stream = nullptr) {
-    lanes_.resize(batch.size());
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      auto& seq = batch[i];
-      auto& lane = lanes_[i];
-      lane.state = &seq.state();
-      lane.emit = seq.emits();
-      lane.feed = seq.decoding() ? std::span<const std::int32_t>(&seq.state().next_input, 1) : seq.prefill_chunk();
-    }
-    step(std::span<reference::GeneratorLane>(lanes_), stream);
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      if (!lanes_[i].emit) continue;
-      batch[i].emit(lanes_[i].token);
-      if (lanes_[i].token == cpu_->config().eos_token) batch[i].finish();
-    }
+    reference::step_sequences_through_lanes(batch, lanes_, cpu_->config().eos_token,
+                                            [&](std::span<reference::GeneratorLane> lanes) { step(lanes, stream); });
   }
 
   // The CPU twin whose weights these are. Thread-safe.
