@@ -25,6 +25,8 @@
 # rules and not in this list; an entry that no longer occurs is reported, so that the list
 # only shrinks.
 #
+# With -DMAP=<docs/architecture.md> it also checks that the page's map names every header.
+#
 # This file plays two parts: included by tests/CMakeLists.txt it registers the test; run
 # with `cmake -DROOT=<include dir> -P` it checks.
 
@@ -45,6 +47,7 @@ if(CMAKE_SCRIPT_MODE_FILE)
 else()
   add_test(NAME include_layers
            COMMAND ${CMAKE_COMMAND} -DROOT=${PROJECT_SOURCE_DIR}/include/tailbatch
+                   -DMAP=${PROJECT_SOURCE_DIR}/docs/architecture.md
                    -P ${CMAKE_CURRENT_SOURCE_DIR}/include_layers.cmake)
   set_tests_properties(include_layers PROPERTIES LABELS unit TIMEOUT 60)
   return()
@@ -134,6 +137,17 @@ foreach(_h IN LISTS _headers)
   endforeach()
 endforeach()
 
+# The map in docs/architecture.md names every header (as `path/under/include/tailbatch`).
+if(MAP)
+  file(READ "${MAP}" _map)
+  foreach(_h IN LISTS _headers)
+    string(FIND "${_map}" "`${_h}`" _at)
+    if(_at EQUAL -1)
+      string(APPEND _errors "  ${_h}: not in the map of ${MAP} (name it there, in backticks)\n")
+    endif()
+  endforeach()
+endif()
+
 foreach(_edge IN LISTS _tailbatch_layer_exceptions)
   if(NOT _edge IN_LIST _seen_exceptions)
     message(STATUS "include_layers: '${_edge}' is listed as an exception but no longer occurs: remove it from tests/include_layers.cmake")
@@ -142,6 +156,6 @@ endforeach()
 list(LENGTH _headers _count)
 list(LENGTH _seen_exceptions _excepted)
 if(_errors)
-  message(FATAL_ERROR "include_layers: includes that go up a layer (docs/architecture.md, \"Layers\"):\n${_errors}")
+  message(FATAL_ERROR "include_layers: includes that go up a layer (docs/architecture.md, \"Layers\"), or headers missing from its map:\n${_errors}")
 endif()
 message(STATUS "include_layers: ${_count} headers, ${_edges} includes, all downwards (${_excepted} listed exceptions)")
