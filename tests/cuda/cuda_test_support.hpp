@@ -25,7 +25,9 @@ inline void check(bool ok, const char* what, const char* file, int line) {
 }
 
 // Whether `text` contains `part`.
-inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 // Prints the reason and exits with 77 (skipped).
 [[noreturn]] inline void skip(const std::string& reason) {

@@ -64,7 +64,9 @@ class MessageMatcher final : public ExceptionMatcherBase {
 };
 
 // Whether `text` contains `part`: for checks on messages, logs and exposition text.
-inline bool contains(std::string_view text, std::string_view part) { return text.find(part) != std::string_view::npos; }
+inline bool contains(std::string_view text, std::string_view part) {
+  return text.find(part) != std::string_view::npos;
+}
 
 inline MessageMatcher MessageIs(std::string text) { return {MessageMatcher::Mode::is, std::move(text)}; }
 inline MessageMatcher MessageContains(std::string text) { return {MessageMatcher::Mode::contains, std::move(text)}; }
@@ -75,10 +77,10 @@ inline MessageMatcher MessageStartsWith(std::string text) {
 }  // namespace tailbatch::test
 
 // The exception matchers and contains(), by their plain names in every test.
+using tailbatch::test::contains;
 using tailbatch::test::MessageContains;
 using tailbatch::test::MessageIs;
 using tailbatch::test::MessageStartsWith;
-using tailbatch::test::contains;
 
 // The names that differ between Catch2 2.x and 3.x, spelled one way for every test:
 // Approx, and ContainsSubstring (3.x's name for 2.x's Contains string matcher).
@@ -93,6 +95,5 @@ inline auto ContainsSubstring(const std::string& s) { return Catch::Matchers::Co
 // Checks that `expr` (an expression; wrapped in a lambda, so a [[nodiscard]] result or a
 // temporary is fine) throws std::invalid_argument whose message contains `text`, the field
 // a configuration error must name.
-#define CHECK_INVALID(expr, text)                                      \
-  CHECK_THROWS_MATCHES(([&] { return expr; }()), std::invalid_argument, \
-                       MessageContains(text))
+#define CHECK_INVALID(expr, text) \
+  CHECK_THROWS_MATCHES(([&] { return expr; }()), std::invalid_argument, MessageContains(text))

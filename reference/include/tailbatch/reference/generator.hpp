@@ -80,8 +80,8 @@ struct GeneratorLane {
 // step(lanes), then emits each sampled token and finishes a sequence that sampled `eos`.
 // Allocates only to grow `lanes`. Not thread-safe: one step at a time.
 template <class Sequence, class Step>
-void step_sequences_through_lanes(std::span<Sequence> batch, std::vector<GeneratorLane>& lanes, std::int32_t eos,
-                                  Step&& step) {
+void step_sequences_through_lanes(std::span<Sequence> batch, std::vector<GeneratorLane>& lanes,
+                                  std::int32_t eos, Step&& step) {
   lanes.resize(batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i) {
     auto& seq = batch[i];
