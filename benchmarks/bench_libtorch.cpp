@@ -57,40 +57,34 @@ Setup& setup() {
   return s;
 }
 
-void BM_Libtorch_Batch(benchmark::State& state) {
+// Calls the module on `count` consecutive batches of b requests from `at` (wrapping to the
+// start), advancing `at`.
+void encode_slices(tl::TorchLane& lane, const std::vector<tl::TokenizedText>& requests,
+                   std::size_t& at, std::size_t b, std::size_t count,
+                   std::vector<tl::Encoding>& out) {
+  if (at + b * count > requests.size()) at = 0;
+  for (std::size_t k = 0; k < count; ++k, at += b) {
+    tl::encode_batch(lane.module(), std::span(requests.data() + at, b), out, lane.scratch());
+    benchmark::DoNotOptimize(out.data());
+  }
+}
+
+// The module alone on batches of b (1 batch an iteration), or on `count` batches of b an
+// iteration (Direct), on lane 0 of a fresh TorchLanes.
+void run_direct(benchmark::State& state, std::size_t count) {
   const auto b = static_cast<std::size_t>(state.range(0));
   Setup& s = setup();
   tl::TorchLanes lanes(1, s.weights);
-  tl::TorchLane& lane = lanes.lane(0);
   std::vector<tl::Encoding> out(b);
   std::size_t at = 0;
-  for (auto _ : state) {
-    if (at + b > s.requests.size()) at = 0;
-    tl::encode_batch(lane.module(), std::span(s.requests.data() + at, b), out, lane.scratch());
-    benchmark::DoNotOptimize(out.data());
-    at += b;
-  }
-  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(b));
+  for (auto _ : state) encode_slices(lanes.lane(0), s.requests, at, b, count, out);
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(b * count));
 }
+
+void BM_Libtorch_Batch(benchmark::State& state) { run_direct(state, 1); }
 BENCHMARK(BM_Libtorch_Batch)->Arg(1)->Arg(8)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-void BM_Libtorch_Direct(benchmark::State& state) {
-  const auto b = static_cast<std::size_t>(state.range(0));
-  const std::size_t n = b * batches_per_iteration;
-  Setup& s = setup();
-  tl::TorchLanes lanes(1, s.weights);
-  tl::TorchLane& lane = lanes.lane(0);
-  std::vector<tl::Encoding> out(b);
-  std::size_t at = 0;
-  for (auto _ : state) {
-    if (at + n > s.requests.size()) at = 0;
-    for (std::size_t k = 0; k < batches_per_iteration; ++k, at += b) {
-      tl::encode_batch(lane.module(), std::span(s.requests.data() + at, b), out, lane.scratch());
-      benchmark::DoNotOptimize(out.data());
-    }
-  }
-  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
-}
+void BM_Libtorch_Direct(benchmark::State& state) { run_direct(state, batches_per_iteration); }
 BENCHMARK(BM_Libtorch_Direct)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_Libtorch_Pipeline(benchmark::State& state) {
@@ -98,11 +92,11 @@ void BM_Libtorch_Pipeline(benchmark::State& state) {
   const std::size_t n = b * batches_per_iteration;
   Setup& s = setup();
   tl::TorchLanes lanes(1, s.weights);
+  std::atomic<std::size_t> done{0};  // outlives the Pipeline, whose callbacks count here
   // A window long enough that a batch never leaves short: it closes at b requests.
   tl::EncoderPipeline pipeline(tl::EncoderModel{},
                                tl::encoder_policy(b, std::chrono::milliseconds(50)),
                                tl::encoder_pipeline_config(), lanes);
-  std::atomic<std::size_t> done{0};
   std::size_t at = 0, target = 0;
   for (auto _ : state) {
     if (at + n > s.requests.size()) at = 0;

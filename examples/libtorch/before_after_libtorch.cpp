@@ -12,7 +12,6 @@
 //   before_after_libtorch [--slo-p95-ms 100] [--window-ms 2] [--max-batch 32] [--lanes 1]
 //   before_after_libtorch --smoke         # two short rates per setup: a quick check
 #include <fmt/core.h>
-#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -20,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <ctime>
 #include <exception>
 #include <optional>
 #include <string>
@@ -38,12 +38,8 @@ namespace {
 
 double ms(nanoseconds d) { return duration<double, std::milli>(d).count(); }
 
-double process_cpu_s() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
-}
+// CPU time of the whole process (every thread), seconds: std::clock on Linux.
+double process_cpu_s() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
 
 struct Point {
   double offered = 0;

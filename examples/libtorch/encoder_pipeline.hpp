@@ -3,6 +3,7 @@
 // with length buckets, run on TorchLanes.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -19,12 +20,13 @@ namespace tailbatch_libtorch {
 using EncoderPipeline =
     tailbatch::Pipeline<TokenizedText, Encoding, tailbatch::TokenBudget, TorchLanes>;
 
-// Up to max_batch requests, and at most max_batch x 32 padded tokens, per batch; requests
+// Up to max_batch requests, and at most max_batch x 32 padded tokens (never less than 64,
+// the longest request, which would otherwise be refused as too large), per batch; requests
 // bucketed by length (1-8, 9-16, 17-32, 33-64 tokens), so that a batch pads short texts to
 // a short length. Allocates.
 inline tailbatch::TokenBudget encoder_policy(
     std::size_t max_batch = 32, std::chrono::nanoseconds max_wait = std::chrono::milliseconds(2)) {
-  return tailbatch::TokenBudget({.budget = max_batch * 32,
+  return tailbatch::TokenBudget({.budget = std::max<std::size_t>(max_batch * 32, 64),
                                  .max_batch = max_batch,
                                  .max_wait = max_wait,
                                  .bucket_bounds = {8, 16, 32, 64}});

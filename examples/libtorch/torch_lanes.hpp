@@ -56,12 +56,7 @@ class TorchLanes {
 
   class Lease {
    public:
-    Lease(Lease&&) noexcept = default;
-    Lease& operator=(Lease&&) noexcept = default;
-    Lease(const Lease&) = delete;
-    Lease& operator=(const Lease&) = delete;
-    ~Lease() = default;
-
+    // Move-only, as the HostLanes lease it holds; destroying it returns the slot.
     // The leased lane. Precondition: not moved from. Not thread-safe: one owner at a time.
     [[nodiscard]] TorchLane& lane() const noexcept { return owner_->lanes_[slot_.index()]; }
     [[nodiscard]] std::size_t index() const noexcept { return slot_.index(); }

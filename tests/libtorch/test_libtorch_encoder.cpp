@@ -291,3 +291,14 @@ TEST_CASE("warmup runs the encoder's batch sizes on its lanes and marks it ready
   std::lock_guard lock(mu);
   CHECK(!lanes_used.empty());
 }
+
+TEST_CASE("batching off (max_batch 1) still runs a request of the model's full length") {
+  tl::TorchLanes lanes(1, weights_file());
+  const tl::TextTokenizer tokenize(lanes.lane(0).module()->config);
+  tl::EncoderPipeline pipeline(tl::EncoderModel{}, tl::encoder_policy(1, 0ms),
+                               tl::encoder_pipeline_config(), lanes);
+  const tl::TokenizedText longest = tokenize(words(100));
+  REQUIRE(longest.ids.size() == 64);
+  auto o = pipeline.submit(longest).get();
+  CHECK(o.ok());
+}
