@@ -31,14 +31,18 @@ if(TAILBATCH_BUILD_EXAMPLES OR TAILBATCH_BUILD_BENCHMARKS OR TAILBATCH_BUILD_TES
   find_package(fmt REQUIRED)
 endif()
 
-# tailbatch_add_programs(OUT_VAR var [PREFIX p] GLOB pattern... LINK target... [INCLUDE dir...])
+# tailbatch_add_programs(OUT_VAR var [PREFIX p] [EXCLUDE regex] GLOB pattern... LINK target...
+#                        [INCLUDE dir...])
 # One executable per file matching the GLOB patterns, named after the file (with PREFIX:
 # benchmarks/cuda/bench_x.cu builds cuda_bench_x), linked to LINK, with INCLUDE as private
-# include directories. The names go to OUT_VAR. Used by tests/, examples/ and benchmarks/,
+# include directories; files whose path matches EXCLUDE are left out. The names go to OUT_VAR. Used by tests/, examples/ and benchmarks/,
 # whose programs are one file each.
 function(tailbatch_add_programs)
-  cmake_parse_arguments(P "" "OUT_VAR;PREFIX" "GLOB;LINK;INCLUDE" ${ARGN})
+  cmake_parse_arguments(P "" "OUT_VAR;PREFIX;EXCLUDE" "GLOB;LINK;INCLUDE" ${ARGN})
   file(GLOB _sources CONFIGURE_DEPENDS ${P_GLOB})
+  if(P_EXCLUDE)
+    list(FILTER _sources EXCLUDE REGEX "${P_EXCLUDE}")
+  endif()
   set(_names)
   foreach(_src IN LISTS _sources)
     get_filename_component(_name ${_src} NAME_WE)
@@ -63,3 +67,4 @@ macro(tailbatch_include_extras)
     include(${_extra})
   endforeach()
 endmacro()
+include(${CMAKE_CURRENT_LIST_DIR}/TailbatchTorch.cmake)
