@@ -20,6 +20,7 @@
 #include <tailbatch/adaptive_window.hpp>
 #include <tailbatch/tools/load_generator.hpp>
 #include <tailbatch/pipeline.hpp>
+#include <tailbatch/policy_variant.hpp>
 #include <tailbatch/reference/classifier_model.hpp>
 
 #include <CLI/CLI.hpp>
@@ -40,7 +41,6 @@
 #include <string>
 #include <thread>
 #include <utility>
-#include <variant>
 #include <vector>
 
 namespace {
@@ -108,27 +108,14 @@ struct Setup {
   std::optional<tailbatch::AdaptiveWindow> adaptive{};
 };
 
-// A FixedWindow or an AdaptiveWindow behind one type: one Pipeline type serves every setup.
-// Forwards executed-batch reports to the adaptive window.
-class DemoPolicy {
- public:
-  explicit DemoPolicy(const Setup& s)
-      : p_(s.adaptive ? Policy(*s.adaptive) : Policy(tailbatch::FixedWindow(s.max_batch, s.window))) {}
-  [[nodiscard]] std::size_t max_batch() const noexcept {
-    return std::visit([](const auto& p) { return p.max_batch(); }, p_);
-  }
-  [[nodiscard]] tailbatch::BatchOrder order() const noexcept { return tailbatch::BatchOrder::fifo; }
-  [[nodiscard]] tailbatch::BatchDecision decide(const tailbatch::BatchView& v) const noexcept {
-    return std::visit([&](const auto& p) { return p.decide(v); }, p_);
-  }
-  void on_batch_executed(const tailbatch::BatchFeedback& f) const noexcept {
-    if (const auto* a = std::get_if<tailbatch::AdaptiveWindow>(&p_)) a->on_batch_executed(f);
-  }
+// A FixedWindow or an AdaptiveWindow behind one type (tailbatch::PolicyVariant): one
+// Pipeline type serves every setup, and executed-batch reports reach the adaptive window.
+using DemoPolicy = tailbatch::PolicyVariant<tailbatch::FixedWindow, tailbatch::AdaptiveWindow>;
 
- private:
-  using Policy = std::variant<tailbatch::FixedWindow, tailbatch::AdaptiveWindow>;
-  Policy p_;
-};
+DemoPolicy policy_of(const Setup& s) {
+  if (s.adaptive) return *s.adaptive;
+  return tailbatch::FixedWindow(s.max_batch, s.window);
+}
 
 // The model's time for a batch of b alone on this machine (median of a few calls), ms.
 double time_batch(const ClassifierModel& model, const std::vector<std::string>& corpus, std::size_t b, int reps) {
@@ -174,7 +161,7 @@ void run_setup(Setup& setup, const std::vector<double>& rates, const ClassifierM
   tailbatch::HostLanes lanes(lanes_n);
   tailbatch::PipelineConfig<std::string> pc;
   pc.queue_capacity = 4096;
-  tailbatch::Pipeline<std::string, Prediction, DemoPolicy> pipeline(timed_model, DemoPolicy(setup), pc, lanes);
+  tailbatch::Pipeline<std::string, Prediction, DemoPolicy> pipeline(timed_model, policy_of(setup), pc, lanes);
   auto target = tailbatch::pipeline_target(pipeline, [&corpus](std::uint64_t i) { return corpus[i % corpus.size()]; });
 
   // One measured step at rates[i]; `attempt` > 0 marks a confirmation run.

@@ -28,6 +28,7 @@
 #include <tailbatch/concurrency_limiter.hpp>
 #include <tailbatch/tools/load_generator.hpp>
 #include <tailbatch/pipeline.hpp>
+#include <tailbatch/policy_variant.hpp>
 #include <tailbatch/tools/simulator.hpp>
 #ifdef TAILBATCH_LOAD_HTTP
 #include "http_load.hpp"  // --url: HTTP load (Boost.Beast/Asio)
@@ -45,7 +46,6 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <variant>
 #include <vector>
 
 namespace {
@@ -75,26 +75,9 @@ struct Options {
 };
 
 // The batch policy a run uses, chosen at run time: a FixedWindow or an AdaptiveWindow
-// behind one type, so that one Pipeline instantiation serves both. Forwards feedback to
-// the adaptive window. Copies share an AdaptiveWindow's learned state.
-class AnyPolicy {
- public:
-  explicit AnyPolicy(tailbatch::FixedWindow f) : p_(std::move(f)) {}
-  explicit AnyPolicy(tailbatch::AdaptiveWindow a) : p_(std::move(a)) {}
-  [[nodiscard]] std::size_t max_batch() const noexcept {
-    return std::visit([](const auto& p) { return p.max_batch(); }, p_);
-  }
-  [[nodiscard]] tailbatch::BatchOrder order() const noexcept { return tailbatch::BatchOrder::fifo; }
-  [[nodiscard]] tailbatch::BatchDecision decide(const tailbatch::BatchView& v) const noexcept {
-    return std::visit([&](const auto& p) { return p.decide(v); }, p_);
-  }
-  void on_batch_executed(const tailbatch::BatchFeedback& f) const noexcept {
-    if (const auto* a = std::get_if<tailbatch::AdaptiveWindow>(&p_)) a->on_batch_executed(f);
-  }
-
- private:
-  std::variant<tailbatch::FixedWindow, tailbatch::AdaptiveWindow> p_;
-};
+// behind one type (tailbatch::PolicyVariant), so that one Pipeline instantiation serves
+// both; executed-batch reports reach the adaptive window.
+using AnyPolicy = tailbatch::PolicyVariant<tailbatch::FixedWindow, tailbatch::AdaptiveWindow>;
 static_assert(tailbatch::BatchFeedbackPolicy<AnyPolicy>);
 
 // One run's figures: a JSON object, a line of the --json output.
