@@ -22,6 +22,7 @@
 #include <tailbatch/pipeline.hpp>
 #include <tailbatch/policy_variant.hpp>
 #include <tailbatch/reference/classifier_model.hpp>
+#include <tailbatch/reference/corpus.hpp>
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
@@ -65,26 +66,6 @@ std::int64_t thread_cpu_ns() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
-// Short reviews of varied length, from a fixed vocabulary: deterministic.
-std::vector<std::string> make_corpus(std::size_t n) {
-  static const char* const words[] = {"a great", "moving", "film", "awful", "boring plot", "the acting",
-                                      "was", "superb", "dull", "and", "script", "ending",
-                                      "loved it", "not worth it", "music", "too long"};
-  std::vector<std::string> out;
-  std::uint64_t s = 2024;
-  for (std::size_t i = 0; i < n; ++i) {
-    std::string t;
-    const int len = 4 + static_cast<int>(i % 13);
-    for (int w = 0; w < len; ++w) {
-      s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-      t += words[(s >> 33) % std::size(words)];
-      t += ' ';
-    }
-    out.push_back(std::move(t));
-  }
-  return out;
 }
 
 // One measured rate of one setup.
@@ -260,7 +241,7 @@ int main(int argc, char** argv) {
   const auto wall0 = steady_clock::now();
   const Classifier clf;
   const ClassifierModel model(clf);
-  const std::vector<std::string> corpus = make_corpus(4096);
+  const std::vector<std::string> corpus = tailbatch::reference::review_corpus(4096);
 
   // Profile the model alone: the time of one batch of b, and what batching could buy.
   for (int i = 0; i < 20; ++i) (void)time_batch(model, corpus, 8, 1);  // warm caches

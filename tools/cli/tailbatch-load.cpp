@@ -30,6 +30,9 @@
 #include <tailbatch/pipeline.hpp>
 #include <tailbatch/policy_variant.hpp>
 #include <tailbatch/tools/simulator.hpp>
+#include <tailbatch/tools/trace.hpp>
+#include <tailbatch/reference/classifier_model.hpp>
+#include <tailbatch/reference/corpus.hpp>
 #ifdef TAILBATCH_LOAD_HTTP
 #include "http_load.hpp"  // --url: HTTP load (Boost.Beast/Asio)
 #endif
@@ -42,6 +45,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -72,6 +78,9 @@ struct Options {
   std::string policy = "fixed";
   double network_ms = 0.0;
   bool json = false;
+  std::string model = "sleep";
+  std::string record;  // --record FILE: write the live run's trace
+  std::string replay;  // --replay FILE: with --simulate, replay a trace
 };
 
 // The batch policy a run uses, chosen at run time: a FixedWindow or an AdaptiveWindow
@@ -79,6 +88,8 @@ struct Options {
 // both; executed-batch reports reach the adaptive window.
 using AnyPolicy = tailbatch::PolicyVariant<tailbatch::FixedWindow, tailbatch::AdaptiveWindow>;
 static_assert(tailbatch::BatchFeedbackPolicy<AnyPolicy>);
+// The live Pipeline's policy: AnyPolicy, telling the --record trace of each batch.
+using LivePolicy = tailbatch::RecordingPolicy<AnyPolicy>;
 
 // One run's figures: a JSON object, a line of the --json output.
 struct RunRecord {
@@ -183,9 +194,13 @@ std::string policy_text(const Options& o) {
   return fmt::format("max_batch {}, window {} ms", o.max_batch, o.window_ms);
 }
 
+std::string model_text(const Options& o) {
+  if (o.model == "classifier") return "the reference classifier (CPU)";
+  return fmt::format("synthetic model L(b) = {} ms + {} ms x (b-1)", o.base_ms, o.per_item_ms);
+}
+
 std::string subtitle(const Options& o) {
-  return fmt::format("synthetic model L(b) = {} ms + {} ms x (b-1); {} lanes; {}{}{}; {} arrivals", o.base_ms,
-                     o.per_item_ms, o.lanes, policy_text(o),
+  return fmt::format("{}; {} lanes; {}{}{}; {} arrivals", model_text(o), o.lanes, policy_text(o),
                      o.max_in_flight ? fmt::format("; max in-flight {}", o.max_in_flight) : std::string(),
                      o.network_ms > 0 ? fmt::format("; network {} ms", o.network_ms) : std::string(), o.arrivals);
 }
@@ -358,11 +373,111 @@ int run_simulated(const Options& o) {
   return 0;
 }
 
+// How a run was made, as a trace's setup records it (and a replay reads it back).
+std::map<std::string, std::string> trace_setup(const Options& o) {
+  std::map<std::string, std::string> s;
+  s["policy"] = o.policy;
+  s["lanes"] = std::to_string(o.lanes);
+  s["max_batch"] = std::to_string(o.max_batch);
+  s["window_ms"] = fmt::format("{}", o.window_ms);
+  s["slo_p95_ms"] = fmt::format("{}", o.slo_p95_ms);
+  s["queue"] = std::to_string(o.queue_capacity);
+  s["model"] = o.model;
+  if (o.model == "sleep") {
+    s["base_ms"] = fmt::format("{}", o.base_ms);
+    s["per_item_ms"] = fmt::format("{}", o.per_item_ms);
+  }
+  s["arrivals"] = o.arrivals;
+  if (!o.steps.empty()) {
+    std::string steps = o.steps;
+    steps.erase(std::remove_if(steps.begin(), steps.end(), [](char c) { return c == ' ' || c == '\t'; }), steps.end());
+    s["steps"] = steps;
+  } else {
+    s["rate"] = fmt::format("{}", o.rate);
+  }
+  s["duration_s"] = fmt::format("{}", o.duration_s);
+  s["warmup_s"] = fmt::format("{}", o.warmup_s);
+  s["seed"] = std::to_string(o.seed);
+  return s;
+}
+
+// --simulate --replay FILE: the trace's arrivals through the simulator under the recorded
+// policy and the recorded costs, predicted against measured; and the simulator alone (the
+// recorded median cost per size, arrivals at the intended times, nothing else put back).
+int run_replay(const Options& o) {
+  std::ifstream f(o.replay);
+  if (!f) throw std::invalid_argument("--replay: cannot open " + o.replay);
+  const tailbatch::LoadTrace t = tailbatch::read_trace(f);
+  Options rec = o;
+  rec.policy = t.text("policy", "fixed");
+  if (rec.policy != "fixed" && rec.policy != "adaptive")
+    throw std::invalid_argument("--replay: the trace's policy \"" + rec.policy + "\" cannot be replayed (fixed or adaptive)");
+  rec.max_batch = static_cast<std::size_t>(std::max(1.0, t.number("max_batch", 1.0)));
+  rec.window_ms = t.number("window_ms", 0.0);
+  rec.slo_p95_ms = t.number("slo_p95_ms", o.slo_p95_ms);
+  rec.lanes = static_cast<std::size_t>(std::max(1.0, t.number("lanes", 1.0)));
+  tailbatch::ReplayConfig full;
+  full.seed = o.seed;
+  const auto rr = tailbatch::replay_trace(t, make_policy(rec, rec.max_batch, rec.window_ms), full);
+  tailbatch::ReplayConfig plain{false, false, false, false, o.seed};
+  const auto bare = tailbatch::replay_trace(t, make_policy(rec, rec.max_batch, rec.window_ms), plain);
+  const tailbatch::TraceBreakdown bd = tailbatch::trace_breakdown(t);
+  if (o.json) {
+    fmt::print("{{\"policy\": \"{}\", \"model\": \"{}\", \"offered_rps\": {:.3f}, \"requests\": {}, \"batches\": {}, "
+               "\"measured_p50_ms\": {:.3f}, \"measured_p95_ms\": {:.3f}, \"measured_p99_ms\": {:.3f}, "
+               "\"predicted_p50_ms\": {:.3f}, \"predicted_p95_ms\": {:.3f}, \"predicted_p99_ms\": {:.3f}, "
+               "\"plain_p50_ms\": {:.3f}, \"plain_p95_ms\": {:.3f}, \"plain_p99_ms\": {:.3f}}}\n",
+               rec.policy, t.text("model", "?"), rr.predicted.offered_rps, rr.measured_ok, t.batches.size(),
+               rr.measured_p50_ms, rr.measured_p95_ms, rr.measured_p99_ms, rr.predicted_p50_ms, rr.predicted_p95_ms,
+               rr.predicted_p99_ms, bare.predicted_p50_ms, bare.predicted_p95_ms, bare.predicted_p99_ms);
+    return 0;
+  }
+  fmt::print("replay of {}: {} policy ({}), {} lane{}, model {}; {} measured requests, {} batches, {:.0f} rps offered\n\n",
+             o.replay, rec.policy, policy_text(rec), rec.lanes, rec.lanes == 1 ? "" : "s", t.text("model", "?"),
+             rr.measured_ok, t.batches.size(), rr.predicted.offered_rps);
+  auto err = [](double p, double m) { return m > 0 ? fmt::format("{:+.0f} %", (p - m) / m * 100.0) : std::string("-"); };
+  fmt::print("  {:>4} {:>10} {:>10} {:>7} {:>10} {:>7}\n", "", "measured", "predicted", "error", "simulator", "error");
+  fmt::print("  {:>4} {:>10} {:>10} {:>7} {:>10} {:>7}\n", "", "ms", "ms", "", "alone, ms", "");
+  const double m[] = {rr.measured_p50_ms, rr.measured_p95_ms, rr.measured_p99_ms};
+  const double p[] = {rr.predicted_p50_ms, rr.predicted_p95_ms, rr.predicted_p99_ms};
+  const double b[] = {bare.predicted_p50_ms, bare.predicted_p95_ms, bare.predicted_p99_ms};
+  const char* names[] = {"p50", "p95", "p99"};
+  for (int i = 0; i < 3; ++i)
+    fmt::print("  {:>4} {:>10.3f} {:>10.3f} {:>7} {:>10.3f} {:>7}\n", names[i], m[i], p[i], err(p[i], m[i]), b[i],
+               err(b[i], m[i]));
+  fmt::print("\n(predicted: recorded model times drawn per batch size, with the close-to-start, delivery and send lags\n"
+             " measured in the trace put back; simulator alone: the median recorded time per size, nothing else)\n");
+  fmt::print("\nwhere the measured latency went (ms, per measured request){}\n",
+             bd.matched ? "" : ": the batches do not account for the requests (not FIFO?); total only");
+  fmt::print("  {:<32} {:>8} {:>8} {:>8} {:>8}\n", "part", "p50", "p95", "p99", "mean");
+  auto row = [](const char* name, const tailbatch::TracePart& x) {
+    fmt::print("  {:<32} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f}\n", name, x.p50_ms, x.p95_ms, x.p99_ms, x.mean_ms);
+  };
+  row("total (intended -> completed)", bd.total);
+  if (bd.matched) {
+    row("send (intended -> submitted)", bd.send);
+    row("queue (submitted -> closed)", bd.queue);
+    row("dispatch (closed -> model call)", bd.dispatch);
+    row("model call", bd.model);
+    row("delivery (model end -> outcome)", bd.delivery);
+    if (rec.policy == "fixed") row("window closes: past the window", bd.window_lateness);
+  }
+  return 0;
+}
+
 template <class PipelineT>
-int run(const Options& o, PipelineT& pipeline) {
+int run(const Options& o, PipelineT& pipeline, tailbatch::TraceRecorder* recorder) {
   const auto process = o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant
                                                 : tailbatch::ArrivalProcess::poisson;
-  auto target = tailbatch::pipeline_target(pipeline, [](std::uint64_t i) { return Request{i}; });
+  // Submits request i; with --record, notes when it was meant to go, went, and came back.
+  auto target = [&pipeline, recorder](std::uint64_t i, tailbatch::LoadCompletion done) {
+    if (recorder != nullptr) recorder->submitted(i, done.intended(), steady_clock::now(), done.measured());
+    pipeline.submit(Request{i}, [done, recorder, i](auto&& outcome) noexcept {
+      const tailbatch::Status s = outcome.status();
+      if (recorder != nullptr) recorder->completed(i, s, steady_clock::now());
+      done(s);
+    });
+  };
   tailbatch::LoadConfig base;
   base.warmup = from_s(o.warmup_s);
   base.seed = o.seed;
@@ -430,6 +545,13 @@ int run(const Options& o, PipelineT& pipeline) {
     if (one.warmup >= one.profile.duration()) one.warmup = nanoseconds(0);
     const tailbatch::PipelineStats before = pipeline.stats();
     auto r = tailbatch::run_load(one, target);
+    if (recorder != nullptr) {
+      std::ofstream f(o.record);
+      write_trace(f, recorder->take(trace_setup(o)));
+      f.close();
+      if (!f) throw std::runtime_error("--record: cannot write " + o.record);
+      fmt::print(stderr, "trace: {}\n", o.record);
+    }
     if (o.json) {
       fmt::print("{}\n", to_json(record_of(r, o.policy, o.window_ms, o.max_batch, mean_batch_since(before))));
     } else {
@@ -487,6 +609,11 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json, "one JSON object per run on stdout instead of the tables");
   app.add_flag("--simulate", o.simulate,
                "predict instead of measuring: the same Pipeline and window, simulated on a modelled clock");
+  app.add_option("--model", o.model, "live model: sleep (L(b) from --base-ms, --per-item-ms) or classifier (the reference classifier, real CPU work)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"sleep", "classifier"}));
+  auto* record = app.add_option("--record", o.record, "live --rate or --steps run: write its trace (requests and batches) to FILE");
+  auto* replay = app.add_option("--replay", o.replay, "with --simulate: replay a trace written by --record, predicted vs measured");
   rate->excludes(sweep)->excludes(steps);
   sweep->excludes(steps);
 #ifdef TAILBATCH_LOAD_HTTP
@@ -508,6 +635,22 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
     return code == 0 ? 0 : 1;
+  }
+  if (*replay && !o.simulate) {
+    fmt::print(stderr, "tailbatch-load: error: --replay runs the simulator: add --simulate\n");
+    return 1;
+  }
+  if (*record && (o.simulate || *sweep)) {
+    fmt::print(stderr, "tailbatch-load: error: --record records one live run: give --rate or --steps, without --simulate\n");
+    return 1;
+  }
+  if (o.simulate && *replay) {
+    try {
+      return run_replay(o);
+    } catch (const std::invalid_argument& e) {
+      fmt::print(stderr, "tailbatch-load: error: {}\n", e.what());
+      return 1;
+    }
   }
   if (!*rate && !*sweep && !*steps) {
     fmt::print(stderr, "tailbatch-load: error: give --rate, --sweep or --steps\nRun with --help for more information.\n");
@@ -534,6 +677,8 @@ int main(int argc, char** argv) {
   try {
 #ifdef TAILBATCH_LOAD_HTTP
     if (!http.url.empty()) {
+      if (!o.record.empty())
+        throw std::invalid_argument("--record with --url: not supported yet (the server's batches are not visible to the client)");
       tailbatch_load_http::CommonRun c{o.rate, o.sweep, std::nullopt, o.duration_s, o.warmup_s, o.slo_p95_ms,
                                        o.arrivals, o.seed, o.out, o.quiet, o.json};
       if (!o.steps.empty())
@@ -544,24 +689,42 @@ int main(int argc, char** argv) {
 #endif
     if (o.simulate) return run_simulated(o);
     const tailbatch::LinearCost cost{from_ms(o.base_ms), from_ms(o.per_item_ms)};
-    auto model = [cost](std::span<const Request> reqs, std::span<Response> resps, tailbatch::HostLane&) {
-      std::this_thread::sleep_for(cost(reqs.size()));
+    // --model classifier: the reference classifier on the reviews of a fixed corpus.
+    struct Classifier {
+      tailbatch::reference::Classifier clf;
+      tailbatch::reference::ClassifierModel model{clf};
+      std::vector<std::string> corpus = tailbatch::reference::review_corpus(4096);
+    };
+    std::shared_ptr<const Classifier> classifier;
+    if (o.model == "classifier") classifier = std::make_shared<const Classifier>();
+    auto model = [cost, classifier](std::span<const Request> reqs, std::span<Response> resps, tailbatch::HostLane&) {
+      if (classifier) {
+        std::vector<std::string> texts;
+        texts.reserve(reqs.size());
+        for (const Request& r : reqs) texts.push_back(classifier->corpus[r.id % classifier->corpus.size()]);
+        std::vector<tailbatch::reference::Prediction> out(reqs.size());
+        classifier->model.run_on_cpu(texts, out);
+      } else {
+        std::this_thread::sleep_for(cost(reqs.size()));
+      }
       for (std::size_t i = 0; i < reqs.size(); ++i) resps[i].id = reqs[i].id;
     };
-    const AnyPolicy policy = make_policy(o, o.max_batch, o.window_ms);
+    std::unique_ptr<tailbatch::TraceRecorder> recorder;
+    if (!o.record.empty()) recorder = std::make_unique<tailbatch::TraceRecorder>();
+    const LivePolicy policy(make_policy(o, o.max_batch, o.window_ms), recorder.get());
     tailbatch::PipelineConfig<Request> pc;
     pc.queue_capacity = o.queue_capacity;
     tailbatch::HostLanes lanes(o.lanes);
     if (o.max_in_flight > 0) {
       tailbatch::ConcurrencyLimiter<tailbatch::StaticLimit> limiter{
           tailbatch::StaticLimit(static_cast<std::uint32_t>(o.max_in_flight))};
-      tailbatch::Pipeline<Request, Response, AnyPolicy, tailbatch::HostLanes,
+      tailbatch::Pipeline<Request, Response, LivePolicy, tailbatch::HostLanes,
                           tailbatch::ConcurrencyLimiter<tailbatch::StaticLimit>>
           pipeline(model, policy, pc, lanes, limiter);
-      return run(o, pipeline);
+      return run(o, pipeline, recorder.get());
     }
-    tailbatch::Pipeline<Request, Response, AnyPolicy, tailbatch::HostLanes> pipeline(model, policy, pc, lanes);
-    return run(o, pipeline);
+    tailbatch::Pipeline<Request, Response, LivePolicy, tailbatch::HostLanes> pipeline(model, policy, pc, lanes);
+    return run(o, pipeline, recorder.get());
   } catch (const std::invalid_argument& e) {
     fmt::print(stderr, "tailbatch-load: error: {}\n", e.what());
     return 1;
