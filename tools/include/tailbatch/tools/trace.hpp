@@ -46,6 +46,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <istream>
+#include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -473,9 +475,14 @@ inline TraceBreakdown trace_breakdown(const LoadTrace& t) {
 
 // What a replay puts back into the simulation from the trace (each measured there).
 struct ReplayConfig {
-  // Each batch's model time drawn at random from the times recorded at its size (false:
-  // their median). Sizes never recorded: the nearest recorded sizes' medians, interpolated
-  // (or extrapolated by the last two).
+  // Each batch's model time is its size's median recorded time (sizes never recorded:
+  // the nearest recorded sizes' medians, interpolated or extrapolated by the last two),
+  // run at the speed the machine had at that moment of the run: while a recorded batch
+  // ran, the machine ran at its size's median over its time (a batch preempted for 5 ms
+  // ran slowly for those 5 ms), and at full speed where no batch was recorded (false:
+  // the median alone). The slow moments come where they came in the run (a neighbour's
+  // burst slows whatever runs then), not at random, and a stall delays a batch by at
+  // most its own length.
   bool cost_spread = true;
   // Arrivals at the recorded submit times, latency counted from the intended send times
   // (false: arrivals at the intended times).
@@ -508,6 +515,16 @@ class TraceCosts {
       dispatch_.push_back(b.started - b.closed);
     }
     for (auto& v : by_size_) std::sort(v.begin(), v.end());
+    fit_curve();
+    // The machine's speed while each recorded batch ran: its size's median over its time.
+    for (const auto& b : t.batches) {
+      const auto took = static_cast<double>((b.ended - b.started).count());
+      const double med = static_cast<double>(median(b.size).count());
+      speed_.push_back(
+          Segment{b.started, b.ended, took > 0 && med > 0 ? std::min(1.0, med / took) : 1.0});
+    }
+    std::sort(speed_.begin(), speed_.end(),
+              [](const Segment& x, const Segment& y) { return x.from < y.from; });
     std::vector<std::size_t> ran;
     const auto of = batch_of_requests(t, ran);
     if (!of.empty()) {
@@ -524,8 +541,9 @@ class TraceCosts {
 
   [[nodiscard]] bool empty() const noexcept { return dispatch_.empty(); }
 
-  std::chrono::nanoseconds lane_time(std::size_t b) {
-    auto t = model_time(b);
+  // A batch of b starting at `at` (the trace's time).
+  std::chrono::nanoseconds lane_time(std::size_t b, std::chrono::nanoseconds at) {
+    auto t = model_time(b, at);
     if (cfg_.dispatch_lag && !dispatch_.empty()) t += draw(dispatch_);
     return t;
   }
@@ -533,49 +551,111 @@ class TraceCosts {
     if (!cfg_.delivery_lag || delivery_.empty()) return std::chrono::nanoseconds(0);
     return draw(delivery_[std::min(position, delivery_.size() - 1)]);
   }
-  // The median recorded model time at size b, or interpolated.
+  // The modelled time of a batch of b: the median recorded at b where b ran at least
+  // anchor_min times; between such sizes interpolated; outside them, the slope of a
+  // least-squares line over every recorded size (weighted by count) from the nearest one.
+  // (A size seen once or twice is one noisy sample: it neither sets its own cost nor
+  // bends the line much.)
   [[nodiscard]] std::chrono::nanoseconds median(std::size_t b) const noexcept {
-    if (b < by_size_.size() && !by_size_[b].empty()) return by_size_[b][by_size_[b].size() / 2];
-    std::optional<std::size_t> lo, hi, lo2, hi2;
-    for (std::size_t s = std::min(b, by_size_.size()); s-- > 1;)
-      if (!by_size_[s].empty()) {
-        if (!lo)
-          lo = s;
-        else if (!lo2) {
-          lo2 = s;
-          break;
-        }
-      }
-    for (std::size_t s = b + 1; s < by_size_.size(); ++s)
-      if (!by_size_[s].empty()) {
-        if (!hi)
-          hi = s;
-        else if (!hi2) {
-          hi2 = s;
-          break;
-        }
-      }
-    auto med = [&](std::size_t s) {
-      return static_cast<double>(by_size_[s][by_size_[s].size() / 2].count());
-    };
-    auto line = [&](std::size_t a, std::size_t c) {
-      const double slope = (med(c) - med(a)) / static_cast<double>(c - a);
-      return std::chrono::nanoseconds(static_cast<std::int64_t>(
-          std::max(0.0, med(a) + slope * (static_cast<double>(b) - static_cast<double>(a)))));
-    };
-    if (lo && hi) return line(*lo, *hi);
-    if (lo && lo2) return line(*lo2, *lo);
-    if (hi && hi2) return line(*hi, *hi2);
-    if (lo) return std::chrono::nanoseconds(static_cast<std::int64_t>(med(*lo)));
-    if (hi) return std::chrono::nanoseconds(static_cast<std::int64_t>(med(*hi)));
-    return std::chrono::nanoseconds(0);
+    if (curve_.empty()) return std::chrono::nanoseconds(0);
+    const double v = b < curve_.size()
+                         ? curve_[b]
+                         : curve_.back() + slope_ * static_cast<double>(b - (curve_.size() - 1));
+    return std::chrono::nanoseconds(static_cast<std::int64_t>(std::max(0.0, v)));
   }
 
  private:
-  std::chrono::nanoseconds model_time(std::size_t b) {
-    if (cfg_.cost_spread && b < by_size_.size() && !by_size_[b].empty()) return draw(by_size_[b]);
-    return median(b);
+  std::chrono::nanoseconds model_time(std::size_t b, std::chrono::nanoseconds at) {
+    const auto m = median(b);
+    if (!cfg_.cost_spread || speed_.empty()) return m;
+    // Work m (at full speed) done from `at` at the recorded speeds: segment k holds from
+    // its start to the earlier of its end and the next one's start; full speed between.
+    auto it =
+        std::upper_bound(speed_.begin(), speed_.end(), at,
+                         [](std::chrono::nanoseconds x, const Segment& g) { return x < g.from; });
+    std::size_t k =
+        it == speed_.begin() ? speed_.size() : static_cast<std::size_t>(it - speed_.begin()) - 1;
+    double left = static_cast<double>(m.count());
+    double t = static_cast<double>(at.count());
+    const double inf = std::numeric_limits<double>::infinity();
+    for (int guard = 0; guard < 100000; ++guard) {
+      double speed = 1.0, until = inf;
+      std::size_t next = k == speed_.size() ? 0 : k + 1;
+      if (k != speed_.size()) {
+        const double end = static_cast<double>(speed_[k].to.count());
+        const double next_from =
+            next < speed_.size() ? static_cast<double>(speed_[next].from.count()) : inf;
+        if (t < end) {
+          speed = speed_[k].speed;
+          until = std::min(end, next_from);
+        } else {
+          until = next_from;
+        }
+      } else {
+        until = speed_.empty() || t >= static_cast<double>(speed_.front().from.count())
+                    ? inf
+                    : static_cast<double>(speed_.front().from.count());
+      }
+      if ((until - t) * speed >= left) {
+        t += left / speed;
+        left = 0;
+        break;
+      }
+      left -= (until - t) * speed;
+      t = until;
+      k = next;
+    }
+    t += left;  // (past the guard: the rest at full speed)
+    return std::chrono::nanoseconds(static_cast<std::int64_t>(t) - at.count());
   }
+  static constexpr std::size_t anchor_min = 5;
+
+  void fit_curve() {
+    double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+    std::vector<std::size_t> anchors;
+    for (std::size_t b = 1; b < by_size_.size(); ++b) {
+      const auto& v = by_size_[b];
+      if (v.empty()) continue;
+      const double w = static_cast<double>(v.size()), x = static_cast<double>(b);
+      const double y = static_cast<double>(v[(v.size() - 1) / 2].count());
+      sw += w;
+      sx += w * x;
+      sy += w * y;
+      sxx += w * x * x;
+      sxy += w * x * y;
+      if (v.size() >= anchor_min) anchors.push_back(b);
+    }
+    if (sw == 0) return;
+    const double mx = sx / sw, my = sy / sw, var = sxx / sw - mx * mx;
+    slope_ = var > 0 ? std::max(0.0, (sxy / sw - mx * my) / var) : 0.0;
+    const double intercept = my - slope_ * mx;
+    const std::size_t top = by_size_.size() - 1;
+    curve_.assign(top + 1, 0.0);
+    auto med = [&](std::size_t b) {
+      return static_cast<double>(by_size_[b][(by_size_[b].size() - 1) / 2].count());
+    };
+    if (anchors.empty()) {
+      for (std::size_t b = 1; b <= top; ++b)
+        curve_[b] = intercept + slope_ * static_cast<double>(b);
+      return;
+    }
+    for (std::size_t b = 1; b <= top; ++b) {
+      auto hi = std::lower_bound(anchors.begin(), anchors.end(), b);
+      if (hi != anchors.end() && *hi == b) {
+        curve_[b] = med(b);
+      } else if (hi == anchors.begin()) {
+        curve_[b] = med(*hi) - slope_ * static_cast<double>(*hi - b);
+      } else if (hi == anchors.end()) {
+        curve_[b] = med(anchors.back()) + slope_ * static_cast<double>(b - anchors.back());
+      } else {
+        const std::size_t lo = *std::prev(hi);
+        curve_[b] = med(lo) + (med(*hi) - med(lo)) * static_cast<double>(b - lo) /
+                                  static_cast<double>(*hi - lo);
+      }
+    }
+    for (std::size_t b = 2; b <= top; ++b) curve_[b] = std::max(curve_[b], curve_[b - 1]);
+  }
+
   std::chrono::nanoseconds draw(const std::vector<std::chrono::nanoseconds>& v) {
     return v[std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng_)];
   }
@@ -585,6 +665,13 @@ class TraceCosts {
   std::vector<std::vector<std::chrono::nanoseconds>> by_size_;
   std::vector<std::chrono::nanoseconds> dispatch_;
   std::vector<std::vector<std::chrono::nanoseconds>> delivery_;
+  struct Segment {
+    std::chrono::nanoseconds from, to;
+    double speed;  // <= 1
+  };
+  std::vector<Segment> speed_;  // by start
+  std::vector<double> curve_;   // modelled time by size, ns (index 0 unused)
+  double slope_ = 0.0;          // ns per request beyond the recorded sizes
 };
 
 }  // namespace tools::detail
@@ -623,7 +710,13 @@ template <BatchPolicy Policy>
     c.arrival_times[i] = std::max(c.arrival_times[i], c.arrival_times[i - 1]);
   c.warmup = warm ? *warm : nanoseconds(0);
   if (c.warmup >= c.arrival_times.back() + nanoseconds(1)) c.warmup = nanoseconds(0);
-  c.service_time = [costs](std::size_t b) { return costs->lane_time(b); };
+  // The simulation's clock (copies share its time) tells when each batch starts.
+  const ManualClock sim_clock = c.clock;
+  const BatchTime sim_start = sim_clock.now();
+  c.service_time = [costs, sim_clock, sim_start, origin](std::size_t b) {
+    return costs->lane_time(
+        b, origin + std::chrono::duration_cast<nanoseconds>(sim_clock.now() - sim_start));
+  };
   c.completion_delay = [costs](std::size_t pos) { return costs->delivery(pos); };
 
   ReplayResult out;
