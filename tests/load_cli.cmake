@@ -71,3 +71,42 @@ tailbatch_load_cli_test(load_json_live_sweep RC 0
   ARGS --base-ms 2 --per-item-ms 0.5 --policy adaptive --sweep 50,100 --duration 1 --warmup 0.2 --json --quiet
        --slo-p95-ms 60000  # the sweep stops at the first rate over the SLO: a busy machine must not end it early
   EXPECT "^${_live_adaptive}\n${_live_adaptive}\nplot: ")
+
+# ---- --record and --simulate --replay: a short live run recorded, then replayed ----------
+tailbatch_load_cli_test(load_replay_needs_simulate RC 1 ARGS --replay x.trace
+  EXPECT "--replay runs the simulator: add --simulate")
+tailbatch_load_cli_test(load_record_not_with_sweep RC 1 ARGS --record x.trace --sweep 10,20
+  EXPECT "--record records one live run")
+tailbatch_load_cli_test(load_replay_missing_file RC 1 ARGS --simulate --replay no-such.trace
+  EXPECT "--replay: cannot open no-such.trace")
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/load_cli_record_replay.cmake [=[
+set(dir ${WORK}/cli_load_record_replay)
+file(MAKE_DIRECTORY ${dir})
+execute_process(COMMAND ${TOOL} --rate 100 --duration 1.5 --warmup 0.5 --base-ms 2 --per-item-ms 0.5 --quiet
+                        --record ${dir}/run.trace --out ${dir}/out
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "recording failed (exit ${rc}): ${out}${err}")
+endif()
+file(STRINGS ${dir}/run.trace head LIMIT_COUNT 2)
+if(NOT head MATCHES "^tailbatch-trace 1;setup .*policy=fixed")
+  message(FATAL_ERROR "not a trace: ${head}")
+endif()
+execute_process(COMMAND ${TOOL} --simulate --replay ${dir}/run.trace --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message("${out}${err}")
+set(n "[0-9]+\\.[0-9]+")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "\"measured_p50_ms\": ${n}, \"measured_p95_ms\": ${n}, \"measured_p99_ms\": ${n}, \"predicted_p50_ms\": ${n}, \"predicted_p95_ms\": ${n}, \"predicted_p99_ms\": ${n}")
+  message(FATAL_ERROR "expected the replay's JSON object, got exit ${rc}")
+endif()
+execute_process(COMMAND ${TOOL} --simulate --replay ${dir}/run.trace
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message("${out}${err}")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "p95 +[0-9.]+ +[0-9.]+" OR NOT out MATCHES "where the measured latency went")
+  message(FATAL_ERROR "expected the side-by-side table, got exit ${rc}")
+endif()
+]=])
+add_test(NAME cli_load_record_replay
+         COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:tailbatch-load> -DWORK=${CMAKE_CURRENT_BINARY_DIR}
+                 -P ${CMAKE_CURRENT_BINARY_DIR}/load_cli_record_replay.cmake)
+set_tests_properties(cli_load_record_replay PROPERTIES LABELS cli TIMEOUT 120)

@@ -196,9 +196,10 @@ struct BatchFeedback {
   DispatchReason reason = DispatchReason::window;  // why it closed
 };
 
-// A policy that wants to know how each executed batch went. The Pipeline (and the
-// simulator) call p.on_batch_executed(f) once per executed batch, after the model call and
-// before the batch's completions; policies without the member pay nothing. It may be
+// A policy that wants to know how each executed batch went. The Pipeline calls
+// p.on_batch_executed(f) once per executed batch, after the model call and after the
+// batch's completions (so the policy's work never delays them; the simulator calls it at
+// the model call); policies without the member pay nothing. It may be
 // called from several worker threads at once, concurrently with decide(): a policy that
 // learns keeps its state behind a thread-safe handle, so that copies share it.
 template <class P>

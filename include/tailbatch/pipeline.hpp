@@ -1180,9 +1180,6 @@ class Pipeline {
             error = what != nullptr ? what : "tailbatch: the model threw an exception not derived from std::exception";
           });
       end = clock_.now();
-      if constexpr (BatchFeedbackPolicy<Policy>) {
-        policy_.on_batch_executed(BatchFeedback{n, b.padded, elapsed(start, end), lane_index, start, threw, b.formed, b.reason});
-      }
     }
     // The lane is free before the completions run.
     lease.reset();
@@ -1226,6 +1223,10 @@ class Pipeline {
                                   : Error{Status::deadline_exceeded, RejectReason::none,
                                           "tailbatch: the deadline passed before the request's batch could start", {}},
                     end, true, b.formed);
+    }
+    // The policy learns after the completions: its work never delays them.
+    if constexpr (BatchFeedbackPolicy<Policy>) {
+      if (n > 0) policy_.on_batch_executed(BatchFeedback{n, b.padded, elapsed(start, end), lane_index, start, threw, b.formed, b.reason});
     }
     b.finish();
     counters_.in_flight.fetch_sub(n + dropped, std::memory_order_relaxed);

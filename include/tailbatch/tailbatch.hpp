@@ -21,6 +21,7 @@
 #include <tailbatch/autoscaler.hpp>
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/adaptive_window.hpp>
+#include <tailbatch/policy_variant.hpp>
 #include <tailbatch/lanes.hpp>
 #include <tailbatch/pipeline.hpp>
 #include <tailbatch/token_streamer.hpp>

@@ -26,26 +26,32 @@
 // bad arguments (with a message saying which), 2 if writing the plots failed.
 #include <tailbatch/adaptive_window.hpp>
 #include <tailbatch/concurrency_limiter.hpp>
-#include <tailbatch/tools/load_generator.hpp>
 #include <tailbatch/pipeline.hpp>
+#include <tailbatch/policy_variant.hpp>
+#include <tailbatch/reference/classifier_model.hpp>
+#include <tailbatch/reference/corpus.hpp>
+#include <tailbatch/tools/load_generator.hpp>
 #include <tailbatch/tools/simulator.hpp>
+#include <tailbatch/tools/trace.hpp>
 #ifdef TAILBATCH_LOAD_HTTP
 #include "http_load.hpp"  // --url: HTTP load (Boost.Beast/Asio)
 #endif
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
-#include <variant>
 #include <vector>
 
 namespace {
@@ -72,30 +78,18 @@ struct Options {
   std::string policy = "fixed";
   double network_ms = 0.0;
   bool json = false;
+  std::string model = "sleep";
+  std::string record;  // --record FILE: write the live run's trace
+  std::string replay;  // --replay FILE: with --simulate, replay a trace
 };
 
 // The batch policy a run uses, chosen at run time: a FixedWindow or an AdaptiveWindow
-// behind one type, so that one Pipeline instantiation serves both. Forwards feedback to
-// the adaptive window. Copies share an AdaptiveWindow's learned state.
-class AnyPolicy {
- public:
-  explicit AnyPolicy(tailbatch::FixedWindow f) : p_(std::move(f)) {}
-  explicit AnyPolicy(tailbatch::AdaptiveWindow a) : p_(std::move(a)) {}
-  [[nodiscard]] std::size_t max_batch() const noexcept {
-    return std::visit([](const auto& p) { return p.max_batch(); }, p_);
-  }
-  [[nodiscard]] tailbatch::BatchOrder order() const noexcept { return tailbatch::BatchOrder::fifo; }
-  [[nodiscard]] tailbatch::BatchDecision decide(const tailbatch::BatchView& v) const noexcept {
-    return std::visit([&](const auto& p) { return p.decide(v); }, p_);
-  }
-  void on_batch_executed(const tailbatch::BatchFeedback& f) const noexcept {
-    if (const auto* a = std::get_if<tailbatch::AdaptiveWindow>(&p_)) a->on_batch_executed(f);
-  }
-
- private:
-  std::variant<tailbatch::FixedWindow, tailbatch::AdaptiveWindow> p_;
-};
+// behind one type (tailbatch::PolicyVariant), so that one Pipeline instantiation serves
+// both; executed-batch reports reach the adaptive window.
+using AnyPolicy = tailbatch::PolicyVariant<tailbatch::FixedWindow, tailbatch::AdaptiveWindow>;
 static_assert(tailbatch::BatchFeedbackPolicy<AnyPolicy>);
+// The live Pipeline's policy: AnyPolicy, telling the --record trace of each batch.
+using LivePolicy = tailbatch::RecordingPolicy<AnyPolicy>;
 
 // One run's figures: a JSON object, a line of the --json output.
 struct RunRecord {
@@ -110,9 +104,12 @@ struct RunRecord {
 std::string to_json(const RunRecord& r) {
   std::string out = fmt::format(
       "{{\"mode\": \"{}\", \"policy\": \"{}\", \"offered_rps\": {:.3f}, \"achieved_rps\": {:.3f}, "
-      "\"p50_ms\": {:.3f}, \"p95_ms\": {:.3f}, \"p99_ms\": {:.3f}, \"mean_batch\": {:.3f}, \"errors\": {}",
-      r.mode, r.policy, r.offered_rps, r.achieved_rps, r.p50_ms, r.p95_ms, r.p99_ms, r.mean_batch, r.errors);
-  if (r.policy != "adaptive") out += fmt::format(", \"window_ms\": {}, \"max_batch\": {}", r.window_ms, r.max_batch);
+      "\"p50_ms\": {:.3f}, \"p95_ms\": {:.3f}, \"p99_ms\": {:.3f}, \"mean_batch\": {:.3f}, "
+      "\"errors\": {}",
+      r.mode, r.policy, r.offered_rps, r.achieved_rps, r.p50_ms, r.p95_ms, r.p99_ms, r.mean_batch,
+      r.errors);
+  if (r.policy != "adaptive")
+    out += fmt::format(", \"window_ms\": {}, \"max_batch\": {}", r.window_ms, r.max_batch);
   return out + "}";
 }
 
@@ -128,8 +125,10 @@ CLI::Validator number_check(double lo, bool strict) {
         } catch (const std::exception&) {
           used = 0;
         }
-        if (used == 0 || used != text.size() || !std::isfinite(v)) return "\"" + text + "\" is not a number";
-        if (strict ? !(v > lo) : !(v >= lo)) return fmt::format("must be {} {}, got {}", strict ? ">" : ">=", lo, text);
+        if (used == 0 || used != text.size() || !std::isfinite(v))
+          return "\"" + text + "\" is not a number";
+        if (strict ? !(v > lo) : !(v >= lo))
+          return fmt::format("must be {} {}, got {}", strict ? ">" : ">=", lo, text);
         return {};
       },
       strict ? "NUMBER > 0" : "NUMBER >= 0");
@@ -162,7 +161,9 @@ struct Response {
   std::uint64_t id = 0;
 };
 
-nanoseconds from_ms(double v) { return duration_cast<nanoseconds>(duration<double, std::milli>(v)); }
+nanoseconds from_ms(double v) {
+  return duration_cast<nanoseconds>(duration<double, std::milli>(v));
+}
 nanoseconds from_s(double v) { return duration_cast<nanoseconds>(duration<double>(v)); }
 
 tailbatch::LoadProfile parse_steps(const std::string& text, tailbatch::ArrivalProcess process) {
@@ -184,10 +185,12 @@ tailbatch::LoadProfile parse_steps(const std::string& text, tailbatch::ArrivalPr
       secs = std::stod(item.substr(colon + 1), &used);
       if (used != item.size() - colon - 1) throw std::invalid_argument(item);
     } catch (const std::exception&) {
-      throw std::invalid_argument("--steps: cannot read \"" + item + "\": expected RATE:SECONDS, as in 100:5");
+      throw std::invalid_argument("--steps: cannot read \"" + item +
+                                  "\": expected RATE:SECONDS, as in 100:5");
     }
     if (!std::isfinite(rate) || rate < 0.0 || !std::isfinite(secs) || secs <= 0.0 || secs > 1e6)
-      throw std::invalid_argument("--steps: \"" + item + "\": RATE must be >= 0 and SECONDS in (0, 1e6]");
+      throw std::invalid_argument("--steps: \"" + item +
+                                  "\": RATE must be >= 0 and SECONDS in (0, 1e6]");
     phases.push_back({from_s(secs), rate});
     pos = end + 1;
   }
@@ -195,16 +198,24 @@ tailbatch::LoadProfile parse_steps(const std::string& text, tailbatch::ArrivalPr
 }
 
 std::string policy_text(const Options& o) {
-  if (o.policy == "adaptive") return fmt::format("adaptive window, p95 target {} ms, max_batch {}", o.slo_p95_ms, o.max_batch);
-  if (o.policy == "best-static") return fmt::format("best static window (grid search), max_batch <= {}", o.max_batch);
+  if (o.policy == "adaptive")
+    return fmt::format("adaptive window, p95 target {} ms, max_batch {}", o.slo_p95_ms,
+                       o.max_batch);
+  if (o.policy == "best-static")
+    return fmt::format("best static window (grid search), max_batch <= {}", o.max_batch);
   return fmt::format("max_batch {}, window {} ms", o.max_batch, o.window_ms);
 }
 
+std::string model_text(const Options& o) {
+  if (o.model == "classifier") return "the reference classifier (CPU)";
+  return fmt::format("synthetic model L(b) = {} ms + {} ms x (b-1)", o.base_ms, o.per_item_ms);
+}
+
 std::string subtitle(const Options& o) {
-  return fmt::format("synthetic model L(b) = {} ms + {} ms x (b-1); {} lanes; {}{}{}; {} arrivals", o.base_ms,
-                     o.per_item_ms, o.lanes, policy_text(o),
-                     o.max_in_flight ? fmt::format("; max in-flight {}", o.max_in_flight) : std::string(),
-                     o.network_ms > 0 ? fmt::format("; network {} ms", o.network_ms) : std::string(), o.arrivals);
+  return fmt::format(
+      "{}; {} lanes; {}{}{}; {} arrivals", model_text(o), o.lanes, policy_text(o),
+      o.max_in_flight ? fmt::format("; max in-flight {}", o.max_in_flight) : std::string(),
+      o.network_ms > 0 ? fmt::format("; network {} ms", o.network_ms) : std::string(), o.arrivals);
 }
 
 AnyPolicy make_policy(const Options& o, std::size_t max_batch, double window_ms) {
@@ -219,8 +230,8 @@ AnyPolicy make_policy(const Options& o, std::size_t max_batch, double window_ms)
 
 double ms_of(nanoseconds d) { return duration<double, std::milli>(d).count(); }
 
-RunRecord record_of(const tailbatch::SimulationResult& s, const std::string& policy, double window_ms,
-                    std::size_t max_batch) {
+RunRecord record_of(const tailbatch::SimulationResult& s, const std::string& policy,
+                    double window_ms, std::size_t max_batch) {
   RunRecord r;
   r.mode = "simulate";
   r.policy = policy;
@@ -281,8 +292,8 @@ tailbatch::LoadResult as_load_result(const tailbatch::SimulationResult& s) {
 int run_simulated(const Options& o) {
   const auto process = o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant
                                                 : tailbatch::ArrivalProcess::poisson;
-  auto simulate_with = [&](const tailbatch::LoadProfile& profile, nanoseconds warmup, std::size_t max_batch,
-                           double window_ms) {
+  auto simulate_with = [&](const tailbatch::LoadProfile& profile, nanoseconds warmup,
+                           std::size_t max_batch, double window_ms) {
     tailbatch::SimulationConfig c;
     c.arrivals = profile;
     c.warmup = warmup;
@@ -331,37 +342,47 @@ int run_simulated(const Options& o) {
     std::sort(rates.begin(), rates.end());
     bool all_ok = true;
     for (std::size_t i = 0; i < rates.size(); ++i) {
-      const auto [sim, rec] = run_at(tailbatch::LoadProfile::steady(process, rates[i], from_s(o.duration_s)),
-                                     from_s(o.warmup_s));
+      const auto [sim, rec] =
+          run_at(tailbatch::LoadProfile::steady(process, rates[i], from_s(o.duration_s)),
+                 from_s(o.warmup_s));
       if (o.json) fmt::print("{}\n", to_json(rec));
       tailbatch::SweepPoint p;
       p.offered_rps = rates[i];
       p.result = as_load_result(sim);
-      p.verdict = tailbatch::tools::detail::sweep_verdict(p.result, o.slo_p95_ms, 0.01, p.meets_slo);
+      p.verdict =
+          tailbatch::tools::detail::sweep_verdict(p.result, o.slo_p95_ms, 0.01, p.meets_slo);
       p.verdict += fmt::format(" (mean batch {:.1f})", sim.mean_batch_size);
-      if (o.policy == "best-static") p.verdict += fmt::format(" [window {} ms, max_batch {}]", rec.window_ms, rec.max_batch);
+      if (o.policy == "best-static")
+        p.verdict += fmt::format(" [window {} ms, max_batch {}]", rec.window_ms, rec.max_batch);
       sweep.points.push_back(std::move(p));
       if (sweep.points.back().meets_slo && all_ok) sweep.saturation = i;
       if (!sweep.points.back().meets_slo) all_ok = false;
     }
     if (!o.json) fmt::print("{}\n\n{}", sub, tailbatch::format_sweep_table(sweep));
     const std::string lat = (std::filesystem::path(o.out) / "latency_vs_load.svg").string();
-    tailbatch::write_svg(lat, tailbatch::latency_vs_load_plot(sweep, "Latency vs offered load (simulated)", sub));
+    tailbatch::write_svg(
+        lat, tailbatch::latency_vs_load_plot(sweep, "Latency vs offered load (simulated)", sub));
     written.push_back(lat);
   } else {
-    const auto profile = o.steps.empty() ? tailbatch::LoadProfile::steady(process, o.rate, from_s(o.duration_s))
-                                         : parse_steps(o.steps, process);
-    const auto warmup = from_s(o.warmup_s) < profile.duration() ? from_s(o.warmup_s) : nanoseconds(0);
+    const auto profile = o.steps.empty()
+                             ? tailbatch::LoadProfile::steady(process, o.rate, from_s(o.duration_s))
+                             : parse_steps(o.steps, process);
+    const auto warmup =
+        from_s(o.warmup_s) < profile.duration() ? from_s(o.warmup_s) : nanoseconds(0);
     const auto [sim, rec] = run_at(profile, warmup);
     if (o.json) {
       fmt::print("{}\n", to_json(rec));
     } else {
       fmt::print("{}\n\n{}", sub, tailbatch::format_load_result(as_load_result(sim)));
       if (o.policy == "best-static")
-        fmt::print("best static: window {} ms, max_batch {} (lowest p95 of the grid)\n", rec.window_ms, rec.max_batch);
-      fmt::print("mean batch {:.1f}; lanes busy {:.0f} % of the time; {:.1f} requests in flight on average (at most {})\n",
-                 sim.mean_batch_size, sim.lane_utilization * 100.0, sim.mean_in_flight, sim.max_in_flight);
-      fmt::print("p95 {} the SLO of {} ms\n", ms_of(sim.p95) <= o.slo_p95_ms ? "meets" : "misses", o.slo_p95_ms);
+        fmt::print("best static: window {} ms, max_batch {} (lowest p95 of the grid)\n",
+                   rec.window_ms, rec.max_batch);
+      fmt::print(
+          "mean batch {:.1f}; lanes busy {:.0f} % of the time; {:.1f} requests in flight on "
+          "average (at most {})\n",
+          sim.mean_batch_size, sim.lane_utilization * 100.0, sim.mean_in_flight, sim.max_in_flight);
+      fmt::print("p95 {} the SLO of {} ms\n", ms_of(sim.p95) <= o.slo_p95_ms ? "meets" : "misses",
+                 o.slo_p95_ms);
     }
   }
   if (!written.empty()) {
@@ -375,11 +396,129 @@ int run_simulated(const Options& o) {
   return 0;
 }
 
+// How a run was made, as a trace's setup records it (and a replay reads it back).
+std::map<std::string, std::string> trace_setup(const Options& o) {
+  std::map<std::string, std::string> s;
+  s["policy"] = o.policy;
+  s["lanes"] = std::to_string(o.lanes);
+  s["max_batch"] = std::to_string(o.max_batch);
+  s["window_ms"] = fmt::format("{}", o.window_ms);
+  s["slo_p95_ms"] = fmt::format("{}", o.slo_p95_ms);
+  s["queue"] = std::to_string(o.queue_capacity);
+  s["model"] = o.model;
+  if (o.model == "sleep") {
+    s["base_ms"] = fmt::format("{}", o.base_ms);
+    s["per_item_ms"] = fmt::format("{}", o.per_item_ms);
+  }
+  s["arrivals"] = o.arrivals;
+  if (!o.steps.empty()) {
+    std::string steps = o.steps;
+    steps.erase(
+        std::remove_if(steps.begin(), steps.end(), [](char c) { return c == ' ' || c == '\t'; }),
+        steps.end());
+    s["steps"] = steps;
+  } else {
+    s["rate"] = fmt::format("{}", o.rate);
+  }
+  s["duration_s"] = fmt::format("{}", o.duration_s);
+  s["warmup_s"] = fmt::format("{}", o.warmup_s);
+  s["seed"] = std::to_string(o.seed);
+  return s;
+}
+
+// --simulate --replay FILE: the trace's arrivals through the simulator under the recorded
+// policy and the recorded costs, predicted against measured; and the simulator alone (the
+// recorded median cost per size, arrivals at the intended times, nothing else put back).
+int run_replay(const Options& o) {
+  std::ifstream f(o.replay);
+  if (!f) throw std::invalid_argument("--replay: cannot open " + o.replay);
+  const tailbatch::LoadTrace t = tailbatch::read_trace(f);
+  Options rec = o;
+  rec.policy = t.text("policy", "fixed");
+  if (rec.policy != "fixed" && rec.policy != "adaptive")
+    throw std::invalid_argument("--replay: the trace's policy \"" + rec.policy +
+                                "\" cannot be replayed (fixed or adaptive)");
+  rec.max_batch = static_cast<std::size_t>(std::max(1.0, t.number("max_batch", 1.0)));
+  rec.window_ms = t.number("window_ms", 0.0);
+  rec.slo_p95_ms = t.number("slo_p95_ms", o.slo_p95_ms);
+  rec.lanes = static_cast<std::size_t>(std::max(1.0, t.number("lanes", 1.0)));
+  tailbatch::ReplayConfig full;
+  full.seed = o.seed;
+  const auto rr = tailbatch::replay_trace(t, make_policy(rec, rec.max_batch, rec.window_ms), full);
+  tailbatch::ReplayConfig plain{false, false, false, false, o.seed};
+  const auto bare =
+      tailbatch::replay_trace(t, make_policy(rec, rec.max_batch, rec.window_ms), plain);
+  const tailbatch::TraceBreakdown bd = tailbatch::trace_breakdown(t);
+  if (o.json) {
+    fmt::print(
+        "{{\"policy\": \"{}\", \"model\": \"{}\", \"offered_rps\": {:.3f}, \"requests\": {}, "
+        "\"batches\": {}, "
+        "\"measured_p50_ms\": {:.3f}, \"measured_p95_ms\": {:.3f}, \"measured_p99_ms\": {:.3f}, "
+        "\"predicted_p50_ms\": {:.3f}, \"predicted_p95_ms\": {:.3f}, \"predicted_p99_ms\": {:.3f}, "
+        "\"plain_p50_ms\": {:.3f}, \"plain_p95_ms\": {:.3f}, \"plain_p99_ms\": {:.3f}}}\n",
+        rec.policy, t.text("model", "?"), rr.predicted.offered_rps, rr.measured_ok,
+        t.batches.size(), rr.measured_p50_ms, rr.measured_p95_ms, rr.measured_p99_ms,
+        rr.predicted_p50_ms, rr.predicted_p95_ms, rr.predicted_p99_ms, bare.predicted_p50_ms,
+        bare.predicted_p95_ms, bare.predicted_p99_ms);
+    return 0;
+  }
+  fmt::print(
+      "replay of {}: {} policy ({}), {} lane{}, model {}; {} measured requests, {} batches, {:.0f} "
+      "rps offered\n\n",
+      o.replay, rec.policy, policy_text(rec), rec.lanes, rec.lanes == 1 ? "" : "s",
+      t.text("model", "?"), rr.measured_ok, t.batches.size(), rr.predicted.offered_rps);
+  auto err = [](double p, double m) {
+    return m > 0 ? fmt::format("{:+.0f} %", (p - m) / m * 100.0) : std::string("-");
+  };
+  fmt::print("  {:>4} {:>10} {:>10} {:>7} {:>10} {:>7}\n", "", "measured", "predicted", "error",
+             "simulator", "error");
+  fmt::print("  {:>4} {:>10} {:>10} {:>7} {:>10} {:>7}\n", "", "ms", "ms", "", "alone, ms", "");
+  const double m[] = {rr.measured_p50_ms, rr.measured_p95_ms, rr.measured_p99_ms};
+  const double p[] = {rr.predicted_p50_ms, rr.predicted_p95_ms, rr.predicted_p99_ms};
+  const double b[] = {bare.predicted_p50_ms, bare.predicted_p95_ms, bare.predicted_p99_ms};
+  const char* names[] = {"p50", "p95", "p99"};
+  for (int i = 0; i < 3; ++i)
+    fmt::print("  {:>4} {:>10.3f} {:>10.3f} {:>7} {:>10.3f} {:>7}\n", names[i], m[i], p[i],
+               err(p[i], m[i]), b[i], err(b[i], m[i]));
+  fmt::print(
+      "\n(predicted: recorded model times drawn per batch size, with the close-to-start, delivery "
+      "and send lags\n"
+      " measured in the trace put back; simulator alone: the median recorded time per size, "
+      "nothing else)\n");
+  fmt::print(
+      "\nwhere the measured latency went (ms, per measured request){}\n",
+      bd.matched ? "" : ": the batches do not account for the requests (not FIFO?); total only");
+  fmt::print("  {:<32} {:>8} {:>8} {:>8} {:>8}\n", "part", "p50", "p95", "p99", "mean");
+  auto row = [](const char* name, const tailbatch::TracePart& x) {
+    fmt::print("  {:<32} {:>8.3f} {:>8.3f} {:>8.3f} {:>8.3f}\n", name, x.p50_ms, x.p95_ms, x.p99_ms,
+               x.mean_ms);
+  };
+  row("total (intended -> completed)", bd.total);
+  if (bd.matched) {
+    row("send (intended -> submitted)", bd.send);
+    row("queue (submitted -> closed)", bd.queue);
+    row("dispatch (closed -> model call)", bd.dispatch);
+    row("model call", bd.model);
+    row("delivery (model end -> outcome)", bd.delivery);
+    if (rec.policy == "fixed") row("window closes: past the window", bd.window_lateness);
+  }
+  return 0;
+}
+
 template <class PipelineT>
-int run(const Options& o, PipelineT& pipeline) {
+int run(const Options& o, PipelineT& pipeline, tailbatch::TraceRecorder* recorder) {
   const auto process = o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant
                                                 : tailbatch::ArrivalProcess::poisson;
-  auto target = tailbatch::pipeline_target(pipeline, [](std::uint64_t i) { return Request{i}; });
+  // Submits request i; with --record, notes when it was meant to go, went, and came back.
+  auto target = [&pipeline, recorder](std::uint64_t i, tailbatch::LoadCompletion done) {
+    if (recorder != nullptr)
+      recorder->submitted(i, done.intended(), steady_clock::now(), done.measured());
+    pipeline.submit(Request{i}, [done, recorder, i](auto&& outcome) noexcept {
+      const tailbatch::Status s = outcome.status();
+      if (recorder != nullptr) recorder->completed(i, s, steady_clock::now());
+      done(s);
+    });
+  };
   tailbatch::LoadConfig base;
   base.warmup = from_s(o.warmup_s);
   base.seed = o.seed;
@@ -393,7 +532,8 @@ int run(const Options& o, PipelineT& pipeline) {
   auto mean_batch_since = [&](const tailbatch::PipelineStats& before) {
     const tailbatch::PipelineStats now = pipeline.stats();
     const std::uint64_t batches = now.batches() - before.batches();
-    return batches ? static_cast<double>(now.batched_requests - before.batched_requests) / static_cast<double>(batches)
+    return batches ? static_cast<double>(now.batched_requests - before.batched_requests) /
+                         static_cast<double>(batches)
                    : 0.0;
   };
   std::filesystem::create_directories(o.out);
@@ -416,8 +556,11 @@ int run(const Options& o, PipelineT& pipeline) {
       tailbatch::SweepPoint p;
       p.offered_rps = rates[i];
       p.result = tailbatch::run_load(one, target);
-      p.verdict = tailbatch::tools::detail::sweep_verdict(p.result, o.slo_p95_ms, 0.01, p.meets_slo);
-      if (o.json) fmt::print("{}\n", to_json(record_of(p.result, o.policy, o.window_ms, o.max_batch, mean_batch_since(before))));
+      p.verdict =
+          tailbatch::tools::detail::sweep_verdict(p.result, o.slo_p95_ms, 0.01, p.meets_slo);
+      if (o.json)
+        fmt::print("{}\n", to_json(record_of(p.result, o.policy, o.window_ms, o.max_batch,
+                                             mean_batch_since(before))));
       const bool met = p.meets_slo;
       sweep.points.push_back(std::move(p));
       if (met && (i == 0 || sweep.saturation == i - 1)) sweep.saturation = i;
@@ -426,35 +569,49 @@ int run(const Options& o, PipelineT& pipeline) {
     }
     if (!o.json) fmt::print("{}\n\n{}", subtitle(o), tailbatch::format_sweep_table(sweep));
     const std::string lat = (std::filesystem::path(o.out) / "latency_vs_load.svg").string();
-    tailbatch::write_svg(lat, tailbatch::latency_vs_load_plot(sweep, "Latency vs offered load", subtitle(o)));
+    tailbatch::write_svg(
+        lat, tailbatch::latency_vs_load_plot(sweep, "Latency vs offered load", subtitle(o)));
     written.push_back(lat);
     const std::string thr = (std::filesystem::path(o.out) / "throughput_vs_load.svg").string();
-    tailbatch::write_svg(thr, tailbatch::throughput_vs_load_plot({&sweep}, {"achieved"}, "Throughput vs offered load",
-                                                                 subtitle(o)));
+    tailbatch::write_svg(
+        thr, tailbatch::throughput_vs_load_plot({&sweep}, {"achieved"},
+                                                "Throughput vs offered load", subtitle(o)));
     written.push_back(thr);
     // p95 over time at the saturation point (or the lowest rate when none met the SLO).
     const auto& shown = sweep.saturation_point() ? *sweep.saturation_point() : sweep.points.front();
     const std::string over = (std::filesystem::path(o.out) / "p95_over_time.svg").string();
-    tailbatch::write_svg(over, tailbatch::latency_over_time_plot(
-                                   shown.result, o.slo_p95_ms,
-                                   fmt::format("Latency over time at {:.0f} rps offered", shown.offered_rps),
-                                   subtitle(o)));
+    tailbatch::write_svg(
+        over, tailbatch::latency_over_time_plot(
+                  shown.result, o.slo_p95_ms,
+                  fmt::format("Latency over time at {:.0f} rps offered", shown.offered_rps),
+                  subtitle(o)));
     written.push_back(over);
   } else {
     tailbatch::LoadConfig one = base;
-    one.profile = o.steps.empty() ? tailbatch::LoadProfile::steady(process, o.rate, from_s(o.duration_s))
-                                  : parse_steps(o.steps, process);
+    one.profile = o.steps.empty()
+                      ? tailbatch::LoadProfile::steady(process, o.rate, from_s(o.duration_s))
+                      : parse_steps(o.steps, process);
     if (one.warmup >= one.profile.duration()) one.warmup = nanoseconds(0);
     const tailbatch::PipelineStats before = pipeline.stats();
     auto r = tailbatch::run_load(one, target);
+    if (recorder != nullptr) {
+      std::ofstream f(o.record);
+      write_trace(f, recorder->take(trace_setup(o)));
+      f.close();
+      if (!f) throw std::runtime_error("--record: cannot write " + o.record);
+      fmt::print(stderr, "trace: {}\n", o.record);
+    }
     if (o.json) {
-      fmt::print("{}\n", to_json(record_of(r, o.policy, o.window_ms, o.max_batch, mean_batch_since(before))));
+      fmt::print("{}\n", to_json(record_of(r, o.policy, o.window_ms, o.max_batch,
+                                           mean_batch_since(before))));
     } else {
       fmt::print("{}\n\n{}", subtitle(o), tailbatch::format_load_result(r));
-      fmt::print("p95 {} the SLO of {} ms\n", ms_of(r.p95) <= o.slo_p95_ms ? "meets" : "misses", o.slo_p95_ms);
+      fmt::print("p95 {} the SLO of {} ms\n", ms_of(r.p95) <= o.slo_p95_ms ? "meets" : "misses",
+                 o.slo_p95_ms);
     }
     const std::string over = (std::filesystem::path(o.out) / "p95_over_time.svg").string();
-    tailbatch::write_svg(over, tailbatch::latency_over_time_plot(r, o.slo_p95_ms, "Latency over time", subtitle(o)));
+    tailbatch::write_svg(
+        over, tailbatch::latency_over_time_plot(r, o.slo_p95_ms, "Latency over time", subtitle(o)));
     written.push_back(over);
   }
   if (o.json) {
@@ -475,49 +632,101 @@ int main(int argc, char** argv) {
   Options o;
   const CLI::Validator positive = number_check(0.0, true);
   const CLI::Validator non_negative = number_check(0.0, false);
-  app.add_option("--base-ms", o.base_ms, "model time for a batch of 1, ms")->capture_default_str()->check(positive);
-  app.add_option("--per-item-ms", o.per_item_ms, "model time per extra item, ms")->capture_default_str()->check(non_negative);
-  app.add_option("--lanes", o.lanes, "lanes (streams) running batches at once")->capture_default_str()->check(count_check(1, 64));
-  app.add_option("--max-batch", o.max_batch,
-                 "max_batch (fixed), hard cap (adaptive), largest size searched (best-static); 1: batching off")
+  app.add_option("--base-ms", o.base_ms, "model time for a batch of 1, ms")
       ->capture_default_str()
-      ->check(count_check(1, 4096));
-  app.add_option("--window-ms", o.window_ms, "FixedWindow max_wait, ms (policy fixed)")->capture_default_str()->check(non_negative);
-  app.add_option("--policy", o.policy, "batch policy: fixed, adaptive, or best-static (with --simulate)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"fixed", "adaptive", "best-static"}));
-  app.add_option("--network-ms", o.network_ms, "fixed delay added to every request's latency, holding no lane (--simulate)")
+      ->check(positive);
+  app.add_option("--per-item-ms", o.per_item_ms, "model time per extra item, ms")
       ->capture_default_str()
       ->check(non_negative);
-  app.add_option("--max-in-flight", o.max_in_flight, "static concurrency cap (0: none)")->capture_default_str()->check(count_check(0, 1000000));
-  app.add_option("--queue", o.queue_capacity, "the Pipeline's queue capacity")->capture_default_str()->check(count_check(1, 100000000));
-  app.add_option("--arrivals", o.arrivals, "arrival process")->capture_default_str()->check(CLI::IsMember({"poisson", "constant"}));
-  auto* rate = app.add_option("--rate", o.rate, "one run at this offered rate, requests/s")->check(positive);
-  auto* sweep = app.add_option("--sweep", o.sweep, "a QPS sweep over these rates, e.g. 100,200,300")->delimiter(',')->check(positive);
-  auto* steps = app.add_option("--steps", o.steps, "one run of rate phases RATE:SECONDS,..., e.g. 100:5,400:3,100:5");
-  app.add_option("--duration", o.duration_s, "seconds per run (per sweep rate), warm-up included")->capture_default_str()->check(positive);
-  app.add_option("--warmup", o.warmup_s, "seconds of warm-up not counted")->capture_default_str()->check(non_negative);
-  app.add_option("--slo-p95-ms", o.slo_p95_ms, "p95 SLO, ms (and the adaptive policy's target)")->capture_default_str()->check(positive);
+  app.add_option("--lanes", o.lanes, "lanes (streams) running batches at once")
+      ->capture_default_str()
+      ->check(count_check(1, 64));
+  app.add_option("--max-batch", o.max_batch,
+                 "max_batch (fixed), hard cap (adaptive), largest size searched (best-static); 1: "
+                 "batching off")
+      ->capture_default_str()
+      ->check(count_check(1, 4096));
+  app.add_option("--window-ms", o.window_ms, "FixedWindow max_wait, ms (policy fixed)")
+      ->capture_default_str()
+      ->check(non_negative);
+  app.add_option("--policy", o.policy,
+                 "batch policy: fixed, adaptive, or best-static (with --simulate)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fixed", "adaptive", "best-static"}));
+  app.add_option("--network-ms", o.network_ms,
+                 "fixed delay added to every request's latency, holding no lane (--simulate)")
+      ->capture_default_str()
+      ->check(non_negative);
+  app.add_option("--max-in-flight", o.max_in_flight, "static concurrency cap (0: none)")
+      ->capture_default_str()
+      ->check(count_check(0, 1000000));
+  app.add_option("--queue", o.queue_capacity, "the Pipeline's queue capacity")
+      ->capture_default_str()
+      ->check(count_check(1, 100000000));
+  app.add_option("--arrivals", o.arrivals, "arrival process")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"poisson", "constant"}));
+  auto* rate =
+      app.add_option("--rate", o.rate, "one run at this offered rate, requests/s")->check(positive);
+  auto* sweep = app.add_option("--sweep", o.sweep, "a QPS sweep over these rates, e.g. 100,200,300")
+                    ->delimiter(',')
+                    ->check(positive);
+  auto* steps = app.add_option("--steps", o.steps,
+                               "one run of rate phases RATE:SECONDS,..., e.g. 100:5,400:3,100:5");
+  app.add_option("--duration", o.duration_s, "seconds per run (per sweep rate), warm-up included")
+      ->capture_default_str()
+      ->check(positive);
+  app.add_option("--warmup", o.warmup_s, "seconds of warm-up not counted")
+      ->capture_default_str()
+      ->check(non_negative);
+  app.add_option("--slo-p95-ms", o.slo_p95_ms, "p95 SLO, ms (and the adaptive policy's target)")
+      ->capture_default_str()
+      ->check(positive);
   app.add_option("--out", o.out, "directory for the SVG plots")->capture_default_str();
   app.add_option("--seed", o.seed, "arrival seed")->capture_default_str();
   app.add_flag("--quiet", o.quiet, "no progress lines on stderr");
   app.add_flag("--json", o.json, "one JSON object per run on stdout instead of the tables");
-  app.add_flag("--simulate", o.simulate,
-               "predict instead of measuring: the same Pipeline and window, simulated on a modelled clock");
+  app.add_flag(
+      "--simulate", o.simulate,
+      "predict instead of measuring: the same Pipeline and window, simulated on a modelled clock");
+  app.add_option("--model", o.model,
+                 "live model: sleep (L(b) from --base-ms, --per-item-ms) or classifier (the "
+                 "reference classifier, real CPU work)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"sleep", "classifier"}));
+  auto* record =
+      app.add_option("--record", o.record,
+                     "live --rate or --steps run: write its trace (requests and batches) to FILE");
+  auto* replay =
+      app.add_option("--replay", o.replay,
+                     "with --simulate: replay a trace written by --record, predicted vs measured");
   rate->excludes(sweep)->excludes(steps);
   sweep->excludes(steps);
 #ifdef TAILBATCH_LOAD_HTTP
   tailbatch_load_http::HttpCli http;
-  app.add_option("--url", http.url, "HTTP mode: open-loop load against http://HOST:PORT/PATH (loopback only unless --allow-remote)");
+  app.add_option("--url", http.url,
+                 "HTTP mode: open-loop load against http://HOST:PORT/PATH (loopback only unless "
+                 "--allow-remote)");
   app.add_option("--method", http.method, "HTTP mode: request method")->capture_default_str();
   app.add_option("--body", http.body, "HTTP mode: request body");
-  app.add_option("--body-file", http.body_file, "HTTP mode: a file of bodies, one per line, cycled");
-  app.add_option("--header", http.headers, "HTTP mode: a request header \"Name: value\" (repeatable)");
-  app.add_option("--connections", http.connections, "HTTP mode: at most this many open connections")->capture_default_str()->check(CLI::Range(1, 100000));
-  app.add_option("--timeout-s", http.timeout_s, "HTTP mode: a request unanswered this long after its intended send time is a timeout")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_flag("--allow-remote", http.allow_remote, "HTTP mode: allow a host that is not a loopback address");
+  app.add_option("--body-file", http.body_file,
+                 "HTTP mode: a file of bodies, one per line, cycled");
+  app.add_option("--header", http.headers,
+                 "HTTP mode: a request header \"Name: value\" (repeatable)");
+  app.add_option("--connections", http.connections, "HTTP mode: at most this many open connections")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  app.add_option(
+         "--timeout-s", http.timeout_s,
+         "HTTP mode: a request unanswered this long after its intended send time is a timeout")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--allow-remote", http.allow_remote,
+               "HTTP mode: allow a host that is not a loopback address");
 #else
-  app.footer("This build has no --url (HTTP) mode: Boost (Beast/Asio) was not found when it was configured.");
+  app.footer(
+      "This build has no --url (HTTP) mode: Boost (Beast/Asio) was not found when it was "
+      "configured.");
 #endif
 
   try {
@@ -526,59 +735,113 @@ int main(int argc, char** argv) {
     int code = app.exit(e);
     return code == 0 ? 0 : 1;
   }
+  if (*replay && !o.simulate) {
+    fmt::print(stderr, "tailbatch-load: error: --replay runs the simulator: add --simulate\n");
+    return 1;
+  }
+  if (*record && (o.simulate || *sweep)) {
+    fmt::print(stderr,
+               "tailbatch-load: error: --record records one live run: give --rate or --steps, "
+               "without --simulate\n");
+    return 1;
+  }
+  if (o.simulate && *replay) {
+    try {
+      return run_replay(o);
+    } catch (const std::invalid_argument& e) {
+      fmt::print(stderr, "tailbatch-load: error: {}\n", e.what());
+      return 1;
+    }
+  }
   if (!*rate && !*sweep && !*steps) {
-    fmt::print(stderr, "tailbatch-load: error: give --rate, --sweep or --steps\nRun with --help for more information.\n");
+    fmt::print(stderr,
+               "tailbatch-load: error: give --rate, --sweep or --steps\nRun with --help for more "
+               "information.\n");
     return 1;
   }
   if (o.policy == "best-static" && !o.simulate) {
-    fmt::print(stderr, "tailbatch-load: error: --policy best-static searches by simulation: add --simulate\n");
+    fmt::print(
+        stderr,
+        "tailbatch-load: error: --policy best-static searches by simulation: add --simulate\n");
     return 1;
   }
   if (o.network_ms > 0 && !o.simulate) {
-    fmt::print(stderr, "tailbatch-load: error: --network-ms is modelled by the simulator only: add --simulate\n");
+    fmt::print(
+        stderr,
+        "tailbatch-load: error: --network-ms is modelled by the simulator only: add --simulate\n");
     return 1;
   }
   if (*steps && o.steps.find_first_not_of(" \t") == std::string::npos) {
-    fmt::print(stderr, "tailbatch-load: error: --steps: empty; give RATE:SECONDS phases, as in 100:5,400:3\n");
+    fmt::print(
+        stderr,
+        "tailbatch-load: error: --steps: empty; give RATE:SECONDS phases, as in 100:5,400:3\n");
     return 1;
   }
   if (o.warmup_s >= o.duration_s && (*rate || *sweep)) {
-    fmt::print(stderr, "tailbatch-load: error: --warmup ({} s) must be shorter than --duration ({} s)\n", o.warmup_s,
-               o.duration_s);
+    fmt::print(stderr,
+               "tailbatch-load: error: --warmup ({} s) must be shorter than --duration ({} s)\n",
+               o.warmup_s, o.duration_s);
     return 1;
   }
 
   try {
 #ifdef TAILBATCH_LOAD_HTTP
     if (!http.url.empty()) {
-      tailbatch_load_http::CommonRun c{o.rate, o.sweep, std::nullopt, o.duration_s, o.warmup_s, o.slo_p95_ms,
-                                       o.arrivals, o.seed, o.out, o.quiet, o.json};
+      if (!o.record.empty())
+        throw std::invalid_argument(
+            "--record with --url: not supported yet (the server's batches are not visible to the "
+            "client)");
+      tailbatch_load_http::CommonRun c{o.rate,     o.sweep,      std::nullopt, o.duration_s,
+                                       o.warmup_s, o.slo_p95_ms, o.arrivals,   o.seed,
+                                       o.out,      o.quiet,      o.json};
       if (!o.steps.empty())
-        c.steps = parse_steps(o.steps, o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant
-                                                                 : tailbatch::ArrivalProcess::poisson);
+        c.steps =
+            parse_steps(o.steps, o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant
+                                                          : tailbatch::ArrivalProcess::poisson);
       return tailbatch_load_http::run_http(http, c);
     }
 #endif
     if (o.simulate) return run_simulated(o);
     const tailbatch::LinearCost cost{from_ms(o.base_ms), from_ms(o.per_item_ms)};
-    auto model = [cost](std::span<const Request> reqs, std::span<Response> resps, tailbatch::HostLane&) {
-      std::this_thread::sleep_for(cost(reqs.size()));
+    // --model classifier: the reference classifier on the reviews of a fixed corpus.
+    struct Classifier {
+      tailbatch::reference::Classifier clf;
+      tailbatch::reference::ClassifierModel model{clf};
+      std::vector<std::string> corpus = tailbatch::reference::review_corpus(4096);
+    };
+    std::shared_ptr<const Classifier> classifier;
+    if (o.model == "classifier") classifier = std::make_shared<const Classifier>();
+    auto model = [cost, classifier](std::span<const Request> reqs, std::span<Response> resps,
+                                    tailbatch::HostLane&) {
+      if (classifier) {
+        std::vector<std::string> texts;
+        texts.reserve(reqs.size());
+        for (const Request& r : reqs)
+          texts.push_back(classifier->corpus[r.id % classifier->corpus.size()]);
+        std::vector<tailbatch::reference::Prediction> out(reqs.size());
+        classifier->model.run_on_cpu(texts, out);
+      } else {
+        std::this_thread::sleep_for(cost(reqs.size()));
+      }
       for (std::size_t i = 0; i < reqs.size(); ++i) resps[i].id = reqs[i].id;
     };
-    const AnyPolicy policy = make_policy(o, o.max_batch, o.window_ms);
+    std::unique_ptr<tailbatch::TraceRecorder> recorder;
+    if (!o.record.empty()) recorder = std::make_unique<tailbatch::TraceRecorder>();
+    const LivePolicy policy(make_policy(o, o.max_batch, o.window_ms), recorder.get());
     tailbatch::PipelineConfig<Request> pc;
     pc.queue_capacity = o.queue_capacity;
     tailbatch::HostLanes lanes(o.lanes);
     if (o.max_in_flight > 0) {
       tailbatch::ConcurrencyLimiter<tailbatch::StaticLimit> limiter{
           tailbatch::StaticLimit(static_cast<std::uint32_t>(o.max_in_flight))};
-      tailbatch::Pipeline<Request, Response, AnyPolicy, tailbatch::HostLanes,
+      tailbatch::Pipeline<Request, Response, LivePolicy, tailbatch::HostLanes,
                           tailbatch::ConcurrencyLimiter<tailbatch::StaticLimit>>
           pipeline(model, policy, pc, lanes, limiter);
-      return run(o, pipeline);
+      return run(o, pipeline, recorder.get());
     }
-    tailbatch::Pipeline<Request, Response, AnyPolicy, tailbatch::HostLanes> pipeline(model, policy, pc, lanes);
-    return run(o, pipeline);
+    tailbatch::Pipeline<Request, Response, LivePolicy, tailbatch::HostLanes> pipeline(model, policy,
+                                                                                      pc, lanes);
+    return run(o, pipeline, recorder.get());
   } catch (const std::invalid_argument& e) {
     fmt::print(stderr, "tailbatch-load: error: {}\n", e.what());
     return 1;

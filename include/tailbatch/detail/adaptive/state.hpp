@@ -18,15 +18,14 @@
 #include <limits>
 #include <mutex>
 #include <string>
-#include <vector>
-
-#include <tailbatch/detail/time.hpp>
 #include <tailbatch/adaptive_plan.hpp>
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/detail/adaptive/arrival_counter.hpp>
 #include <tailbatch/detail/adaptive/lane_lookahead.hpp>
 #include <tailbatch/detail/math.hpp>
+#include <tailbatch/detail/time.hpp>
 #include <tailbatch/metrics.hpp>
+#include <vector>
 
 namespace tailbatch::detail {
 
@@ -41,15 +40,24 @@ class AdaptiveState {
   // Plans are made for rates on a geometric grid of this ratio, and remembered.
   static constexpr double rate_step = 1.04;
   // The model is re-planned when L(1) or L(max_batch) moved by more than this fraction.
-  static constexpr double cost_drift = 0.03;
+  // (On the real clock a model's time spreads: a running mean over 32 samples wanders by
+  // several per cent on its own, and a tighter bound re-planned all the time.)
+  static constexpr double cost_drift = 0.10;
+  // The spread of the model's time: the last this-many ratios of a batch's time to its
+  // size's mean, replayed (in order, cycling) on the planner's batches, so that the plans
+  // see the tail a real model has. 1.0 each until measured: a model whose time does not
+  // spread plans as before.
+  static constexpr std::size_t spread_samples = 128;
+  // A ratio is capped here (a stall of seconds is not a cost to plan with).
+  static constexpr double spread_cap = 8.0;
   // Requests in the planning simulation (the first tenth is its warm-up).
   static constexpr std::size_t plan_requests = 6000;
   // A call advances a plan in the making by at most this many simulated requests (and
   // one batch): the bound on planning work per on_batch_executed.
   static constexpr std::size_t plan_slice = 8192;
   // Window candidates, as fractions of a batch of one's cost.
-  static constexpr std::array<double, 12> window_grid = {0.0,   0.025, 0.05, 0.1, 0.15, 0.25,
-                                                         0.4,   0.5,   0.75, 1.0, 1.5,  2.0};
+  static constexpr std::array<double, 12> window_grid = {0.0, 0.025, 0.05, 0.1, 0.15, 0.25,
+                                                         0.4, 0.5,   0.75, 1.0, 1.5,  2.0};
   static constexpr std::size_t max_plan_lanes = 256;
   static constexpr std::size_t cache_size = 32;
   // A plan made for a rate this many times below the one counted now is stale; until the
@@ -110,12 +118,17 @@ class AdaptiveState {
       // cold cache, a thread starting); start the size again from this one.
       s.weight = 0.0;
     }
+    if (s.weight >= 3.0 && s.mean > 0.0) {
+      spread_[spread_next_] = std::min(x / s.mean, spread_cap);
+      spread_next_ = (spread_next_ + 1) % spread_samples;
+    }
     const double clipped = s.weight >= 3.0 ? std::min(x, outlier_ratio * s.mean) : x;
     s.weight = std::min(s.weight + 1.0, size_memory);
     s.mean += (clipped - s.mean) / s.weight;
     ++samples_;
     // The lane that ran it frees now (the lookahead reads when each lane frees).
-    lookahead_.finished(saturating_add(f.started, std::chrono::duration_cast<BatchDuration>(f.model_time)), lanes_);
+    lookahead_.finished(
+        saturating_add(f.started, std::chrono::duration_cast<BatchDuration>(f.model_time)), lanes_);
     refit();
     if (m_.feedback != nullptr) m_.feedback->inc();
     // Planning happens here, on the thread that just ran a batch, rather than in decide():
@@ -137,7 +150,8 @@ class AdaptiveState {
     // Only where a larger batch is cheaper per request: where batching buys nothing, a
     // larger batch would only take work from the other lanes.
     if (planned_ && !v.flush && v.idle_lanes > 0 && d.count < all &&
-        cost(all) * static_cast<double>(base) < lookahead_gain * cost(base) * static_cast<double>(all) &&
+        cost(all) * static_cast<double>(base) <
+            lookahead_gain * cost(base) * static_cast<double>(all) &&
         lookahead(v, all) < lookahead(v, d.count)) {
       d = BatchDecision::dispatch(all, DispatchReason::size);
       reason_ = AdaptiveCloseReason::lookahead;
@@ -159,7 +173,8 @@ class AdaptiveState {
     // Cold start: no plan yet, so nothing is held.
     std::size_t target = planned_ ? std::min(plan_.batch, cap_) : cap_;
     const BatchDuration window = planned_ ? plan_.window : BatchDuration::zero();
-    const BatchDuration slo = slo_p99_ > BatchDuration::zero() ? std::min(slo_p95_, slo_p99_) : slo_p95_;
+    const BatchDuration slo =
+        slo_p99_ > BatchDuration::zero() ? std::min(slo_p95_, slo_p99_) : slo_p95_;
     if (planned_) {
       // A rise in load the plan has not caught up with yet (it was made for well under the
       // rate counted now): no smaller than the size that keeps up with the counted rate,
@@ -168,13 +183,15 @@ class AdaptiveState {
       // The queue tells of a rise before the count does: n requests that arrived within
       // the oldest one's wait came at (n - 1) / wait at least.
       if (n >= view_rate_min) {
-        const double waited = std::chrono::duration<double>(v.now - window_start(v.candidates)).count();
+        const double waited =
+            std::chrono::duration<double>(v.now - window_start(v.candidates)).count();
         const double seen = waited > 0.0 ? static_cast<double>(n - 1) / waited : 0.0;
         if (seen > view_rise * plan_.rate_rps) r = std::max(r, seen);
       }
       if (r > stale_rise * plan_.rate_rps) {
         const std::size_t keep = keep_up_size(r);
-        if (keep > target && cost(keep) * static_cast<double>(target) < 0.8 * cost(target) * static_cast<double>(keep))
+        if (keep > target && cost(keep) * static_cast<double>(target) <
+                                 0.8 * cost(target) * static_cast<double>(keep))
           target = keep;
       }
       // A backlog: more queued than batches of the target can drain within the SLO on
@@ -184,17 +201,21 @@ class AdaptiveState {
       const std::size_t queued = std::max(v.queued, n);
       if (queued > target) {
         const BatchDuration age = v.now - window_start(v.candidates);
-        const std::size_t s = drain_size(queued, target, slo - std::max(age, BatchDuration::zero()));
-        if (s > target && cost(s) * static_cast<double>(target) < 0.8 * cost(target) * static_cast<double>(s)) {
+        const std::size_t s =
+            drain_size(queued, target, slo - std::max(age, BatchDuration::zero()));
+        if (s > target &&
+            cost(s) * static_cast<double>(target) < 0.8 * cost(target) * static_cast<double>(s)) {
           const std::size_t take = std::min(s, n);
-          return close(take, DispatchReason::size,
-                       take == cap_ ? AdaptiveCloseReason::max_batch : AdaptiveCloseReason::backlog);
+          return close(
+              take, DispatchReason::size,
+              take == cap_ ? AdaptiveCloseReason::max_batch : AdaptiveCloseReason::backlog);
         }
       }
     }
     if (n >= target) {
-      return close(target, DispatchReason::size,
-                   target == cap_ ? AdaptiveCloseReason::max_batch : AdaptiveCloseReason::target_size);
+      return close(
+          target, DispatchReason::size,
+          target == cap_ ? AdaptiveCloseReason::max_batch : AdaptiveCloseReason::target_size);
     }
     if (v.flush) return close(n, DispatchReason::flush, AdaptiveCloseReason::flush);
     const BatchTime oldest = window_start(v.candidates);
@@ -228,7 +249,8 @@ class AdaptiveState {
     return rate_at(now);
   }
 
-  AdaptivePlan predict(double rate, std::size_t lanes, std::size_t batch, BatchDuration window) noexcept {
+  AdaptivePlan predict(double rate, std::size_t lanes, std::size_t batch,
+                       BatchDuration window) noexcept {
     std::lock_guard lock(mu_);
     AdaptivePlan p;
     p.batch = std::clamp<std::size_t>(batch, 1, cap_);
@@ -237,7 +259,8 @@ class AdaptiveState {
     if (epoch_ == 0 || !(rate > 0.0)) return p;
     const std::size_t saved = lanes_;
     lanes_ = std::clamp<std::size_t>(lanes, 1, max_plan_lanes);
-    simulate_fixed(rate, p.batch, std::chrono::duration<double>(p.window).count(), p.predicted_p95_s, p.predicted_p99_s);
+    simulate_fixed(rate, p.batch, std::chrono::duration<double>(p.window).count(),
+                   p.predicted_p95_s, p.predicted_p99_s);
     lanes_ = saved;
     return p;
   }
@@ -275,15 +298,16 @@ class AdaptiveState {
     std::int64_t bucket = 0;
     std::uint64_t epoch = 0;
     std::size_t lanes = 1;
-    std::size_t order_first = 0;  // the candidate tried first (the plan in force)
-    std::size_t next = 0;         // candidates begun
+    std::size_t order_first = 0;   // the candidate tried first (the plan in force)
+    std::size_t next = 0;          // candidates begun
     std::size_t index = 0, b = 1;  // the candidate running, and its size and window
     double w = 0.0;
     bool window_mattered = false, size_mattered = false;
     // The first window index from which, for a size, every longer window plays out the
     // same (job_window_free_); likewise per window the first size index (size_free).
     std::array<std::size_t, window_grid.size()> size_free{};
-    std::size_t h = 0;  // requests simulated so far
+    std::size_t h = 0;          // requests simulated so far
+    std::size_t h_batches = 0;  // and batches (the index into the spread)
     std::size_t over95 = 0, over99 = 0;
     AdaptivePlan best{};
     double best_score = std::numeric_limits<double>::infinity();
@@ -300,6 +324,12 @@ class AdaptiveState {
     Counter* plans = nullptr;
     std::array<Counter*, adaptive_close_reason_count> closes{};
   };
+
+  static constexpr std::array<double, spread_samples> filled_ones() noexcept {
+    std::array<double, spread_samples> a{};
+    a.fill(1.0);
+    return a;
+  }
 
   static BatchDuration to_duration(double s) noexcept {
     if (!(s > 0.0)) return BatchDuration::zero();
@@ -335,15 +365,18 @@ class AdaptiveState {
   // O(max_batch).
   std::size_t keep_up_size(double rate) const noexcept {
     for (std::size_t b = 1; b <= cap_; ++b)
-      if (rate * cost(b) <= keep_up_load * static_cast<double>(lanes_) * static_cast<double>(b)) return b;
+      if (rate * cost(b) <= keep_up_load * static_cast<double>(lanes_) * static_cast<double>(b))
+        return b;
     return 1;
   }
 
   // The smallest size from `target` up whose batches, on every lane, run `queued`
   // requests within `budget` less a tenth of the SLO (rounds of batches times a batch's
   // cost); the cap when none does. O(max_batch).
-  std::size_t drain_size(std::size_t queued, std::size_t target, BatchDuration left) const noexcept {
-    const double budget = std::chrono::duration<double>(left).count() - 0.1 * std::chrono::duration<double>(slo_p95_).count();
+  std::size_t drain_size(std::size_t queued, std::size_t target,
+                         BatchDuration left) const noexcept {
+    const double budget = std::chrono::duration<double>(left).count() -
+                          0.1 * std::chrono::duration<double>(slo_p95_).count();
     for (std::size_t s = target; s <= cap_; ++s) {
       const std::size_t per_round = s * lanes_;
       const auto rounds = static_cast<double>((queued + per_round - 1) / per_round);
@@ -358,7 +391,9 @@ class AdaptiveState {
     if (m_.rate != nullptr) m_.rate->set(rate_at(v.now));
   }
 
-  double rate_at(BatchTime now, std::uint64_t* counted = nullptr) const noexcept { return arrivals_.rate_at(now, counted); }
+  double rate_at(BatchTime now, std::uint64_t* counted = nullptr) const noexcept {
+    return arrivals_.rate_at(now, counted);
+  }
 
   // Rebuilds the cost table from the per-size means: a weighted least-squares line over
   // the sizes seen, the means themselves where a size has enough samples, linear
@@ -407,7 +442,8 @@ class AdaptiveState {
       if (sizes_[b].weight < 3.0) continue;
       table_[b] = sizes_[b].mean;
       if (prev == 0) {
-        for (std::size_t i = 1; i < b; ++i) table_[i] = sizes_[b].mean - slope * static_cast<double>(b - i);
+        for (std::size_t i = 1; i < b; ++i)
+          table_[i] = sizes_[b].mean - slope * static_cast<double>(b - i);
       } else {
         const double a = table_[prev], z = sizes_[b].mean;
         for (std::size_t i = prev + 1; i < b; ++i)
@@ -416,9 +452,11 @@ class AdaptiveState {
       prev = b;
     }
     if (prev == 0) {
-      for (std::size_t b = 1; b <= cap_; ++b) table_[b] = intercept + slope * static_cast<double>(b);
+      for (std::size_t b = 1; b <= cap_; ++b)
+        table_[b] = intercept + slope * static_cast<double>(b);
     } else {
-      for (std::size_t b = prev + 1; b <= cap_; ++b) table_[b] = table_[prev] + slope * static_cast<double>(b - prev);
+      for (std::size_t b = prev + 1; b <= cap_; ++b)
+        table_[b] = table_[prev] + slope * static_cast<double>(b - prev);
     }
     // Never free, never cheaper than a smaller batch.
     table_[1] = std::max(table_[1], 1e-9);
@@ -445,14 +483,17 @@ class AdaptiveState {
     const double rate = rate_at(now);
     // A plan in the making for a rate the load has since left far behind is dropped: the
     // one for the rate now is started instead.
-    if (job_.active && rate > 0.0 && detail::fabs(rate - job_.rate) > (stale_rise - 1.0) * job_.rate) job_.active = false;
+    if (job_.active && rate > 0.0 &&
+        detail::fabs(rate - job_.rate) > (stale_rise - 1.0) * job_.rate)
+      job_.active = false;
     if (job_.active) {
       advance_job(budget);
       if (job_.active) return;
     }
     if (rate <= 0.0 || epoch_ == 0) return;
     const std::int64_t bucket = bucket_of(rate);
-    if (planned_ && bucket == plan_bucket_ && epoch_ == plan_epoch_ && lanes_ == plan_lanes_) return;
+    if (planned_ && bucket == plan_bucket_ && epoch_ == plan_epoch_ && lanes_ == plan_lanes_)
+      return;
     for (const Cached& c : cache_) {
       if (c.used && c.bucket == bucket && c.epoch == epoch_ && c.lanes == lanes_) {
         adopt(c.plan, bucket, c.epoch, c.lanes, c.wi, c.bi);
@@ -463,8 +504,8 @@ class AdaptiveState {
     advance_job(budget);
   }
 
-  void adopt(const AdaptivePlan& p, std::int64_t bucket, std::uint64_t epoch, std::size_t lanes, std::size_t wi,
-             std::size_t bi) noexcept {
+  void adopt(const AdaptivePlan& p, std::int64_t bucket, std::uint64_t epoch, std::size_t lanes,
+             std::size_t wi, std::size_t bi) noexcept {
     plan_ = p;
     planned_ = true;
     plan_bucket_ = bucket;
@@ -493,10 +534,12 @@ class AdaptiveState {
     job_.epoch = epoch_;
     job_.lanes = lanes_;
     std::copy(table_.begin(), table_.end(), job_table_.begin());
+    job_spread_ = spread_;
     // The first candidate sets the bound the others are cut short against: the cell of
     // the plan made for the nearest rate (the plan in force, or a remembered one).
     job_.order_first = planned_ ? plan_wi_ * batch_grid_.size() + plan_bi_ : 0;
-    std::int64_t nearest = planned_ ? std::abs(plan_bucket_ - bucket) : std::numeric_limits<std::int64_t>::max();
+    std::int64_t nearest =
+        planned_ ? std::abs(plan_bucket_ - bucket) : std::numeric_limits<std::int64_t>::max();
     for (const Cached& c : cache_) {
       if (c.used && c.lanes == lanes_ && std::abs(c.bucket - bucket) < nearest) {
         nearest = std::abs(c.bucket - bucket);
@@ -510,7 +553,8 @@ class AdaptiveState {
     job_.best.rate_rps = rate;
     job_.best_index = std::numeric_limits<std::size_t>::max();
     job_.size_free.fill(std::numeric_limits<std::size_t>::max());
-    std::fill(job_window_free_.begin(), job_window_free_.end(), std::numeric_limits<std::size_t>::max());
+    std::fill(job_window_free_.begin(), job_window_free_.end(),
+              std::numeric_limits<std::size_t>::max());
   }
 
   bool feasible(std::size_t b) const noexcept {
@@ -554,15 +598,18 @@ class AdaptiveState {
         job_.b = b;
         job_.w = window_grid[c / batch_grid_.size()] * job_table_[1];
         job_.h = 0;
+        job_.h_batches = 0;
         job_.over95 = 0;
         job_.over99 = 0;
-        std::fill(job_lane_free_.begin(), job_lane_free_.begin() + static_cast<std::ptrdiff_t>(job_.lanes), 0.0);
+        std::fill(job_lane_free_.begin(),
+                  job_lane_free_.begin() + static_cast<std::ptrdiff_t>(job_.lanes), 0.0);
         --budget;
         continue;
       }
       // Beyond these the candidate cannot beat the best so far.
       const double cut95 = job_.best_score * p95_target;
-      const double cut99 = p99_target > 0.0 ? job_.best_score * p99_target : std::numeric_limits<double>::infinity();
+      const double cut99 =
+          p99_target > 0.0 ? job_.best_score * p99_target : std::numeric_limits<double>::infinity();
       const double scale = 1.0 / job_.rate;
       bool abandoned = false;
       while (job_.h < n && budget > 0) {
@@ -579,10 +626,10 @@ class AdaptiveState {
         // Whether a longer window, or a larger size, could have played this batch out
         // otherwise (see the skip rule above).
         const double last = h + job_.b - 1 < n ? unit_arrivals_[h + job_.b - 1] * scale
-                                                : std::numeric_limits<double>::infinity();
+                                               : std::numeric_limits<double>::infinity();
         if (last > first + job_.w && job_lane_free_[lane] < last) job_.window_mattered = true;
         if (e - h == job_.b || last <= first + job_.w) job_.size_mattered = true;
-        const double done = t + job_table_[e - h];
+        const double done = t + job_table_[e - h] * job_spread_[job_.h_batches++ % spread_samples];
         job_lane_free_[lane] = done;
         for (std::size_t i = h; i < e; ++i) {
           const double l = done - unit_arrivals_[i] * scale;
@@ -647,9 +694,12 @@ class AdaptiveState {
     job_.active = false;
     // Nothing finished (every candidate abandoned cannot happen: the first one has no
     // bound to be abandoned against); keep the cap with no window then all the same.
-    const std::size_t wi = job_.best_index == std::numeric_limits<std::size_t>::max() ? 0 : job_.best_index / batch_grid_.size();
-    const std::size_t bi = job_.best_index == std::numeric_limits<std::size_t>::max() ? batch_grid_.size() - 1
-                                                                                       : job_.best_index % batch_grid_.size();
+    const std::size_t wi = job_.best_index == std::numeric_limits<std::size_t>::max()
+                               ? 0
+                               : job_.best_index / batch_grid_.size();
+    const std::size_t bi = job_.best_index == std::numeric_limits<std::size_t>::max()
+                               ? batch_grid_.size() - 1
+                               : job_.best_index % batch_grid_.size();
     Cached& slot = cache_[next_slot_];
     next_slot_ = (next_slot_ + 1) % cache_.size();
     slot = Cached{job_.bucket, job_.epoch, job_.lanes, job_.best, wi, bi, true};
@@ -667,7 +717,7 @@ class AdaptiveState {
     const std::size_t n = unit_arrivals_.size();
     const double scale = 1.0 / rate;
     std::fill(lane_free_.begin(), lane_free_.begin() + static_cast<std::ptrdiff_t>(lanes_), 0.0);
-    std::size_t h = 0;
+    std::size_t h = 0, batches = 0;
     while (h < n) {
       std::size_t lane = 0;
       for (std::size_t i = 1; i < lanes_; ++i)
@@ -678,7 +728,7 @@ class AdaptiveState {
       const double t = std::max(lane_free_[lane], close);
       std::size_t e = h + 1;
       while (e < n && e - h < b && unit_arrivals_[e] * scale <= t) ++e;
-      const double done = t + table_[e - h];
+      const double done = t + table_[e - h] * spread_[batches++ % spread_samples];
       lane_free_[lane] = done;
       for (std::size_t i = h; i < e; ++i) latencies_[i] = done - unit_arrivals_[i] * scale;
       h = e;
@@ -695,22 +745,30 @@ class AdaptiveState {
   }
 
   void register_metrics(MetricsRegistry& r, const Labels& base) {
-    m_.intercept = &r.gauge("tailbatch_adaptive_cost_intercept_seconds",
-                            "Learned batch cost model L(b) = intercept + slope x b: the intercept", base);
-    m_.slope = &r.gauge("tailbatch_adaptive_cost_slope_seconds",
-                        "Learned batch cost model L(b) = intercept + slope x b: the slope per request", base);
-    m_.rate = &r.gauge("tailbatch_adaptive_arrival_rate", "Estimated arrival rate, requests per second", base);
-    m_.target = &r.gauge("tailbatch_adaptive_target_batch", "The batch size the adaptive window aims for", base);
-    m_.window = &r.gauge("tailbatch_adaptive_window_seconds",
-                         "How long the adaptive window holds the oldest request for its target", base);
+    m_.intercept =
+        &r.gauge("tailbatch_adaptive_cost_intercept_seconds",
+                 "Learned batch cost model L(b) = intercept + slope x b: the intercept", base);
+    m_.slope = &r.gauge(
+        "tailbatch_adaptive_cost_slope_seconds",
+        "Learned batch cost model L(b) = intercept + slope x b: the slope per request", base);
+    m_.rate = &r.gauge("tailbatch_adaptive_arrival_rate",
+                       "Estimated arrival rate, requests per second", base);
+    m_.target = &r.gauge("tailbatch_adaptive_target_batch",
+                         "The batch size the adaptive window aims for", base);
+    m_.window =
+        &r.gauge("tailbatch_adaptive_window_seconds",
+                 "How long the adaptive window holds the oldest request for its target", base);
     m_.predicted = &r.gauge("tailbatch_adaptive_predicted_p95_seconds",
                             "p95 in queue and on the lane that the plan in force predicts", base);
-    m_.feedback = &r.counter("tailbatch_adaptive_feedback_total", "Executed batches the adaptive window learned from",
-                             base);
-    m_.plans = &r.counter("tailbatch_adaptive_plans_total", "Plans the adaptive window computed (cache misses)", base);
+    m_.feedback = &r.counter("tailbatch_adaptive_feedback_total",
+                             "Executed batches the adaptive window learned from", base);
+    m_.plans = &r.counter("tailbatch_adaptive_plans_total",
+                          "Plans the adaptive window computed (cache misses)", base);
     for (std::size_t i = 0; i < adaptive_close_reason_count; ++i) {
-      m_.closes[i] = &r.counter("tailbatch_adaptive_closes_total", "Batches the adaptive window closed, by reason",
-                                join_labels(base, {{"reason", std::string(to_string(static_cast<AdaptiveCloseReason>(i)))}}));
+      m_.closes[i] = &r.counter(
+          "tailbatch_adaptive_closes_total", "Batches the adaptive window closed, by reason",
+          join_labels(base,
+                      {{"reason", std::string(to_string(static_cast<AdaptiveCloseReason>(i)))}}));
     }
   }
 
@@ -727,6 +785,9 @@ class AdaptiveState {
   double intercept_ = 0.0, slope_ = 0.0;
   std::uint64_t samples_ = 0;
   std::size_t sizes_seen_ = 0;
+  std::array<double, spread_samples> spread_ = filled_ones();
+  std::array<double, spread_samples> job_spread_ = filled_ones();
+  std::size_t spread_next_ = 0;
   std::uint64_t epoch_ = 0;
   double epoch_c1_ = 0.0, epoch_cn_ = 0.0;
   ArrivalCounter arrivals_{};

@@ -187,6 +187,8 @@ class LoadCompletion {
 
   // When the request should have been sent, on the run's clock. Thread-safe.
   [[nodiscard]] std::chrono::steady_clock::time_point intended() const noexcept { return intended_; }
+  // Whether the request counts (intended after the warm-up). Thread-safe.
+  [[nodiscard]] bool measured() const noexcept { return measured_; }
 
  private:
   template <class C>

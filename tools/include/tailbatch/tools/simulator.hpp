@@ -80,6 +80,17 @@ struct SimulationConfig {
   std::function<Priority(std::uint64_t index)> priority{};
   // Bounds the run in count (arrivals beyond it are not generated).
   std::uint64_t max_requests = 5'000'000;
+  // Replay: when not empty, these arrivals (offsets from the start, ascending) replace
+  // `arrivals`, and the run's offered window ends at the last of them.
+  std::vector<std::chrono::nanoseconds> arrival_times{};
+  // Replay: when not empty (as long as arrival_times), request i's latency is counted from
+  // latency_from[i] (an offset from the start, <= its arrival) instead of its arrival: the
+  // intended send time of a request that reached the Pipeline late.
+  std::vector<std::chrono::nanoseconds> latency_from{};
+  // When set, called once per request of each executed batch with its position in the
+  // batch (0-based): a delay added to that request's completion after the batch ends,
+  // holding no lane (delivering completions one after another, waking the caller).
+  std::function<std::chrono::nanoseconds(std::size_t position)> completion_delay{};
   LatencyHistogramConfig histogram{};
   // The simulation's time. Share it (copies share one time) with a learning limiter that
   // is passed to simulate(), so that the limiter reads simulated time.
@@ -356,7 +367,14 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
   using namespace std::chrono;
   if (!config.service_time) tailbatch::detail::throw_invalid_argument("SimulationConfig: service_time must be set");
   if (config.lanes < 1) tailbatch::detail::throw_invalid_argument("SimulationConfig: lanes must be >= 1");
-  if (config.warmup < nanoseconds::zero() || config.warmup >= config.arrivals.duration())
+  if (!config.latency_from.empty() && config.latency_from.size() != config.arrival_times.size())
+    tailbatch::detail::throw_invalid_argument("SimulationConfig: latency_from must be empty or as long as arrival_times");
+  if (!std::is_sorted(config.arrival_times.begin(), config.arrival_times.end()) ||
+      (!config.arrival_times.empty() && config.arrival_times.front() < nanoseconds::zero()))
+    tailbatch::detail::throw_invalid_argument("SimulationConfig: arrival_times must be ascending and >= 0");
+  const nanoseconds arrivals_duration =
+      config.arrival_times.empty() ? config.arrivals.duration() : config.arrival_times.back() + nanoseconds(1);
+  if (config.warmup < nanoseconds::zero() || config.warmup >= arrivals_duration)
     tailbatch::detail::throw_invalid_argument("SimulationConfig: warmup must be >= 0 and shorter than the arrivals");
   if (config.lane_overhead < nanoseconds::zero())
     tailbatch::detail::throw_invalid_argument("SimulationConfig: lane_overhead must be >= 0");
@@ -395,7 +413,8 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
     lane.busy_until = finish;
     busy += finish - clock.now();
     shared.current_finish = finish;
-    for (auto& resp : resps) resp.finish = finish;
+    for (std::size_t i = 0; i < resps.size(); ++i)
+      resps[i].finish = config.completion_delay ? finish + std::max(config.completion_delay(i), nanoseconds::zero()) : finish;
     if (b >= r.batch_sizes.size()) r.batch_sizes.resize(b + 1, 0);
     ++r.batch_sizes[b];
     // Padding repeats the last real request: count the real ones.
@@ -447,7 +466,13 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
   };
 
   ArrivalSchedule schedule(config.arrivals, config.seed);
-  std::optional<nanoseconds> next_arrival = schedule.next();
+  std::size_t replayed = 0;
+  auto next_of = [&]() -> std::optional<nanoseconds> {
+    if (config.arrival_times.empty()) return schedule.next();
+    if (replayed < config.arrival_times.size()) return config.arrival_times[replayed++];
+    return std::nullopt;
+  };
+  std::optional<nanoseconds> next_arrival = next_of();
   std::uint64_t index = 0;
   BatchTime next_due = BatchTime::max();
   for (;;) {
@@ -466,6 +491,8 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
     while (next_arrival && index < config.max_requests && start + *next_arrival <= now) {
       const BatchTime arrival = start + *next_arrival;
       const bool measured = arrival >= warm_end;
+      const BatchTime counted_from =
+          config.latency_from.empty() ? arrival : start + std::min(config.latency_from[index], *next_arrival);
       if (measured) ++r.arrivals;
       else ++r.warmup_arrivals;
       SubmitOptions so;
@@ -474,7 +501,7 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
       shared.current_arrival = arrival;
       account(now);
       pipeline.submit(tools::detail::SimRequest{index}, so,
-                      [&r, &hist, &last_completion, &config, arrival, measured](
+                      [&r, &hist, &last_completion, &config, counted_from, measured](
                           Outcome<tools::detail::SimResponse>&& o) noexcept {
                         if (!measured) return;
                         ++r.by_status[static_cast<std::size_t>(o.status())];
@@ -482,10 +509,10 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
                         if (!o.ok()) return;
                         const BatchTime done = o.value().finish;
                         last_completion = std::max(last_completion, done);
-                        hist.record(done - arrival + config.network);
+                        hist.record(done - counted_from + config.network);
                       });
       ++index;
-      next_arrival = schedule.next();
+      next_arrival = next_of();
     }
     const PipelinePollResult pr = pipeline.poll();
     next_due = pr.next_due;
@@ -510,7 +537,7 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
   r.p99 = out[2];
   r.mean = r.latency.mean();
   r.max = r.latency.max();
-  const BatchTime profile_end = start + config.arrivals.duration();
+  const BatchTime profile_end = start + arrivals_duration;
   const double offered_s = duration<double>(profile_end - warm_end).count();
   r.offered_rps = offered_s > 0 ? static_cast<double>(r.arrivals) / offered_s : 0.0;
   const BatchTime window_end = std::max(profile_end, last_completion);
