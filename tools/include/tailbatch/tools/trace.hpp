@@ -173,11 +173,11 @@ inline LoadTrace read_trace(std::istream& in) {
     std::string kind;
     f >> kind;
     if (!header) {
-      int version = 0;
-      if (kind != "tailbatch-trace" || !(f >> version))
+      int format_version = 0;
+      if (kind != "tailbatch-trace" || !(f >> format_version))
         tools::detail::trace_error(n, "not a tailbatch trace (expected \"tailbatch-trace 1\")");
-      if (version != 1)
-        tools::detail::trace_error(n, "unsupported version " + std::to_string(version));
+      if (format_version != 1)
+        tools::detail::trace_error(n, "unsupported version " + std::to_string(format_version));
       header = true;
       continue;
     }
