@@ -12,11 +12,22 @@
 # fails loudly: nothing on this page may pass without a GPU.
 #
 # Usage: benchmarks/gpu/run.sh [build-dir]      (default: build/gpu)
+#        benchmarks/gpu/run.sh --prebuilt DIR  runs programs built elsewhere (for a GPU machine
+#                                              with no compilers or libraries: build with
+#                                              benchmarks/gpu/pack.sh, copy DIR there)
 # Environment: CUDA_ARCH overrides the architecture (e.g. 90); JOBS the build parallelism.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
-build=${1:-build/gpu}
+prebuilt=""
+if [[ ${1:-} == --prebuilt ]]; then
+  prebuilt=${2:?--prebuilt needs a folder}
+  build=$prebuilt
+  # The libraries the programs need beside them (pack.sh copies them into lib/).
+  export LD_LIBRARY_PATH=$prebuilt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+else
+  build=${1:-build/gpu}
+fi
 start=$SECONDS
 say() { printf '\n=== %s (at %ss)\n' "$*" "$((SECONDS - start))"; }
 fail() { printf '\nrun.sh: FAILED: %s\n' "$*" >&2; exit 1; }
@@ -24,14 +35,14 @@ fail() { printf '\nrun.sh: FAILED: %s\n' "$*" >&2; exit 1; }
 # --- the machine -----------------------------------------------------------------------------
 nvcc=$(command -v nvcc || true)
 [[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
-[[ -n $nvcc ]] || fail "nvcc not found (put the CUDA toolkit's bin/ on PATH)"
+[[ -n $nvcc || -n $prebuilt ]] || fail "nvcc not found (put the CUDA toolkit's bin/ on PATH)"
 
 gpu=""
 if command -v nvidia-smi >/dev/null 2>&1; then
   gpu=$(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true)
 fi
 
-cmake_version=$(cmake --version | head -n 1 | awk '{print $3}')
+cmake_version=$(cmake --version 2>/dev/null | head -n 1 | awk '{print $3}' || true)
 if [[ -n ${CUDA_ARCH:-} ]]; then
   arch=$CUDA_ARCH
 elif [[ -n $gpu ]]; then
@@ -46,25 +57,28 @@ else
 fi
 
 say "machine"
-echo "nvcc:  $("$nvcc" --version | tail -n 1)"
-echo "cmake: $cmake_version"
+echo "nvcc:  $([[ -n $nvcc ]] && "$nvcc" --version | tail -n 1)${prebuilt:+ (programs prebuilt in $prebuilt)}"
+echo "cmake: ${cmake_version:-}"
 echo "GPU:   ${gpu:-none found by nvidia-smi}"
 echo "CUDA architectures: $arch"
 
 # --- build -----------------------------------------------------------------------------------
-say "configure ($build)"
-generator=()
-command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
-cmake -S . -B "$build" "${generator[@]}" \
-  -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_COMPILER="$nvcc" \
-  -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-  -DTAILBATCH_CUDA=ON \
-  -DTAILBATCH_BUILD_TESTS=ON -DTAILBATCH_BUILD_BENCHMARKS=ON -DTAILBATCH_BUILD_EXAMPLES=ON >/dev/null
-
-tests=(cuda_test_classifier_gpu cuda_test_stream_pool cuda_test_fallback_lanes test_cuda_headers_standalone)
-say "build"
-cmake --build "$build" -j "${JOBS:-$(nproc)}" --target "${tests[@]}" cuda_bench_classifier_gpu classifier_pipeline_cuda
+tests=(cuda_test_classifier_gpu cuda_test_stream_pool cuda_test_fallback_lanes cuda_test_generator
+       cuda_test_unique_handle)
+programs=("${tests[@]}" cuda_bench_classifier_gpu classifier_pipeline_cuda)
+if [[ -z $prebuilt ]]; then
+  say "configure ($build)"
+  generator=()
+  command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+  cmake -S . -B "$build" "${generator[@]}" \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_COMPILER="$nvcc" \
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+    -DTAILBATCH_CUDA=ON \
+    -DTAILBATCH_BUILD_TESTS=ON -DTAILBATCH_BUILD_BENCHMARKS=ON -DTAILBATCH_BUILD_EXAMPLES=ON >/dev/null
+  say "build"
+  cmake --build "$build" -j "${JOBS:-$(nproc)}" --target "${programs[@]}" test_cuda_headers_standalone
+fi
 
 if [[ -z $gpu ]]; then
   fail "no NVIDIA GPU on this machine (nvidia-smi found none). Everything built; nothing ran, nothing was measured."
@@ -84,18 +98,18 @@ for t in "${tests[@]}"; do
 done
 
 say "example: the classifier behind a Pipeline on CUDA lanes"
-"$build/examples/classifier_pipeline_cuda"
+"$(find "$build" -type f -name classifier_pipeline_cuda -perm -u+x | head -n 1)"
 
 # --- measurements ------------------------------------------------------------------------------
 say "benchmarks"
-csv="$build/gpu_bench.csv"
-"$build/benchmarks/cuda_bench_classifier_gpu" --benchmark_min_time=0.2 --benchmark_repetitions=3 \
+csv="${OUT:-$build}/gpu_bench.csv"
+"$(find "$build" -type f -name cuda_bench_classifier_gpu -perm -u+x | head -n 1)" --benchmark_min_time=0.2 --benchmark_repetitions=3 \
   --benchmark_report_aggregates_only=true --benchmark_out="$csv" --benchmark_out_format=csv
 
 say "summary (medians of 3 repetitions; ${gpu})"
 awk -F, '
   /_median"?,/ {
-    name = $1; gsub(/"/, "", name); sub(/_median$/, "", name)
+    name = $1; gsub(/"/, "", name); sub(/_median$/, "", name); sub(/\/manual_time$/, "", name)
     split(name, parts, "/")
     ips[name] = $7 + 0
     n = split($0, cols, ",")

@@ -1,7 +1,7 @@
 // tailbatch's CUDA subtree (tailbatch::cuda): StreamPool (CUDA streams as execution lanes),
 // FallbackLanes (streams when a GPU can be used, host lanes otherwise), the error-checking
-// macro and the RAII owners of streams, events and buffers. Designed to run a Pipeline's
-// batches on CUDA streams; not yet run on a device (docs/stream-pool.md).
+// macro and the RAII owners of streams, events and buffers. Runs a Pipeline's batches
+// on CUDA streams; its tests have run on an NVIDIA H200 (docs/stream-pool.md).
 //
 // The core umbrella <tailbatch/tailbatch.hpp> never includes this: only code that opts in
 // sees <cuda_runtime.h>. Link tailbatch::cuda (CUDA::cudart). Everything here compiles with

@@ -6,8 +6,9 @@
 // pinned host staging buffer and a device scratch buffer that belong to that lease slot
 // and are reused batch after batch. The model enqueues its copies and kernels on
 // lane.stream() and calls lane.synchronize() before it returns; copies staged through
-// pinned memory on one stream are meant to overlap kernels running on the others (designed
-// to; not yet run on a device: docs/performance.md, "GPU: still to be measured").
+// pinned memory on one stream overlap kernels running on the others (measured on an NVIDIA
+// H200: 1.41x with 2 streams, 2.38x with 4; docs/performance.md, "GPU: the CUDA path on an
+// NVIDIA H200").
 //
 //   cuda::StreamPool pool({.device = 0, .lanes = 2});
 //   Pipeline<Req, Resp, FixedWindow, cuda::StreamPool> p(model, FixedWindow(32, 5ms), {}, pool);

@@ -19,8 +19,8 @@
 // Batch invariance: a sequence's tokens and logits are bit-identical whether it runs alone
 // or in any batch, at any row, with its prompt fed whole or in chunks, on every CPU kernel
 // (see detail/generator_cpu.hpp for the fixed reduction order; the CPU tests check it).
-// The CUDA kernels are designed to compute the same logits in the same order; not yet run
-// on a device, so that is unverified.
+// The CUDA kernels are designed to compute the same logits in the same order, and did on
+// an NVIDIA H200 (the only GPU tried).
 #pragma once
 
 #include <algorithm>

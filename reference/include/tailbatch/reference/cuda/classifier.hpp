@@ -11,7 +11,7 @@
 // host-to-device copy, three kernels (classifier_kernels.cuh), one device-to-host copy of
 // the logits and probabilities, lane.synchronize(). The logits are designed to equal the
 // CPU twin's bit for bit and the probabilities to agree within a few ulp (expf differs from
-// the host's): designed to; not yet run on a device.
+// the host's); the tests checked both on an NVIDIA H200.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -17,8 +17,8 @@
 // then + w[0]*x[0], + w[1]*x[1], ... in k order. Each (row, output) has its own thread and
 // accumulator, so a sequence's sums never depend on the batch. Where the CPU twin's
 // compiler contracts nothing (the shipped kernels prevent it), the logits are designed to
-// be equal bit for bit (designed to; not yet run on a device: tests/cuda/test_generator.cu
-// checks tokens equal and logits within 1e-5, and has so far only been compiled).
+// be equal bit for bit (tests/cuda/test_generator.cu checks tokens equal and logits within
+// 1e-5; on an NVIDIA H200 they were bit-equal).
 //
 // Compiled by the user's nvcc (include this from a .cu file).
 #pragma once
