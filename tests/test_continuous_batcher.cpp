@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -134,6 +135,34 @@ TEST_CASE("bad configuration throws std::invalid_argument naming the field", "[c
   c.workers = 2;
   CHECK(message(c) == "ContinuousBatcher: workers must be 0 or 1");
   CHECK_THROWS_AS(Batcher(nullptr, config(4), ManualClock{}), std::invalid_argument);
+}
+
+TEST_CASE("bad per-request stream options are the request's outcome, not a throw", "[continuous_batcher]") {
+  Recorder rec;
+  Batcher b(rec.fn(), config(4), rec.clock);
+  auto r = req(2, 3);
+  r.stream = tailbatch::TokenStreamerConfig{};
+  r.stream->capacity = 0;
+  std::shared_ptr<Batcher::Stream> bad;
+  CHECK_NOTHROW(bad = b.submit(std::move(r)));
+  REQUIRE(bad->end().has_value());
+  CHECK(bad->end()->status == Status::failed);
+  CHECK(bad->end()->message == "ContinuousBatcher: request.stream.capacity must be >= 1");
+  // Callback mode hears of it through on_end, in this thread.
+  auto r2 = req(2, 3);
+  r2.stream = tailbatch::TokenStreamerConfig{};
+  r2.stream->coalesce_interval = -1ms;
+  std::optional<Status> ended;
+  tailbatch::StreamCallbacks<int> cb;
+  cb.on_end = [&](const tailbatch::StreamEnd& e) { ended = e.status; };
+  (void)b.submit(std::move(r2), SubmitOptions{}, std::move(cb));
+  CHECK(ended == Status::failed);
+  // Counted, and the batcher carries on.
+  auto good = b.submit(req(2, 3));
+  run_all(b);
+  CHECK(good->end()->ok());
+  CHECK(b.stats().count(Status::failed) == 2);
+  CHECK(b.stats().submitted == 3);
 }
 
 TEST_CASE("sequences decode in one batch; tokens in order, exactly once; each ends ok",

@@ -83,6 +83,7 @@
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/continuous/waiting.hpp>
 #include <tailbatch/detail/math.hpp>
+#include <tailbatch/detail/request_intake.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/detail/time.hpp>
 #include <tailbatch/latency_histogram.hpp>
@@ -220,8 +221,8 @@ struct ContinuousBatcherLoad {
 // thread runs.
 // Exceptions: the constructor throws std::invalid_argument naming a bad config field
 // (std::system_error if the decode thread cannot start);
-// submit() throws std::invalid_argument for bad stream options and std::bad_alloc, and
-// otherwise reports every outcome through the stream; an exception from step() fails the
+// submit() throws std::bad_alloc only, and reports every outcome through the stream (bad
+// per-request stream options included: Status::failed); an exception from step() fails the
 // sequences of that step and is not rethrown.
 template <class Token, class State = NoSequenceState, Clock C = SteadyClock>
 class ContinuousBatcher {
@@ -357,8 +358,9 @@ class ContinuousBatcher {
   // Queues a request with these options (SubmitOptions, the Pipeline's) and returns its
   // pull-mode stream. Every outcome, rejection included, arrives through the stream (a
   // rejected stream is closed before submit returns). Never blocks on the decode loop
-  // beyond a short lock. Throws std::invalid_argument if request.stream is invalid,
-  // std::bad_alloc. Thread-safe.
+  // beyond a short lock. Bad per-request stream options (request.stream) complete the
+  // stream at once with Status::failed and a message naming the field. Throws
+  // std::bad_alloc only. Thread-safe.
   [[nodiscard]] std::shared_ptr<Stream> submit(Request request, SubmitOptions options = {}) {
     return submit_impl(std::move(request), options, StreamCallbacks<Token>{});
   }
@@ -498,26 +500,28 @@ class ContinuousBatcher {
   };
 
   std::shared_ptr<Stream> submit_impl(Request request, const SubmitOptions& options, StreamCallbacks<Token> callbacks) {
-    const TokenStreamerConfig stream_options = request.stream ? *request.stream : config_.stream;
+    // Bad per-request stream options are the request's outcome (Status::failed), not a
+    // throw: its stream is built with the config's options and closed at once.
+    const char* bad_stream = request.stream ? request.stream->problem() : nullptr;
+    const TokenStreamerConfig& stream_options = request.stream && bad_stream == nullptr ? *request.stream : config_.stream;
     auto stream = std::make_shared<Stream>(stream_options, std::move(callbacks), clock_, options.cancel,
                                            metrics_.streams_ptr());
     submitted_.fetch_add(1, std::memory_order_relaxed);
     const time_point now = clock_.now();
-    const time_point arrival = options.arrival != BatchTime::min() ? std::min<time_point>(options.arrival, now) : now;
+    if (bad_stream != nullptr) {
+      complete(*stream, Status::failed, std::string("ContinuousBatcher: request.stream.") + bad_stream);
+      return stream;
+    }
+    // Arrival, deadline, priority level and the refusals every front door shares
+    // (detail/request_intake.hpp).
+    const detail::Intake in = detail::intake(options, now);
+    if (!in.accepted()) {
+      complete(*stream, in.status(), std::string(in.message()));
+      return stream;
+    }
+    const time_point arrival = in.arrival;
+    const time_point deadline = in.deadline;
     const std::size_t reserve = request.prompt.size() + request.max_new_tokens;
-    if (options.timeout < std::chrono::nanoseconds::zero()) {
-      complete(*stream, Status::deadline_exceeded,
-               "ContinuousBatcher: the request's timeout was already spent (negative) at submission");
-      return stream;
-    }
-    if (static_cast<std::size_t>(options.priority) >= priority_levels) {
-      complete(*stream, Status::failed, "ContinuousBatcher: invalid priority");
-      return stream;
-    }
-    time_point deadline = options.deadline;
-    if (options.timeout > std::chrono::nanoseconds::zero()) {
-      deadline = std::min(deadline, detail::saturating_add(arrival, options.timeout));
-    }
     if (request.max_new_tokens == 0) {
       complete(*stream, Status::ok, {});
       return stream;
@@ -528,10 +532,6 @@ class ContinuousBatcher {
                    ") + max_new_tokens (" + std::to_string(request.max_new_tokens) +
                    ") exceeds token_budget (" + std::to_string(config_.token_budget) + ")",
                RejectReason::too_large);
-      return stream;
-    }
-    if (now > deadline) {
-      complete(*stream, Status::deadline_exceeded, "ContinuousBatcher: deadline passed before submission");
       return stream;
     }
     if (now >= request.completion_deadline) {

@@ -93,6 +93,7 @@
 #include <tailbatch/detail/pipeline/occupancy.hpp>
 #include <tailbatch/detail/pipeline/submit_shards.hpp>
 #include <tailbatch/detail/pipeline/batch_former.hpp>
+#include <tailbatch/detail/request_intake.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/lanes.hpp>
 #include <tailbatch/metrics.hpp>
@@ -661,36 +662,16 @@ class Pipeline {
       }
     }
     if (now == BatchTime{}) now = clock_.now();
-    // The arrival: the caller's, carried as it is (no earlier than the clock's origin, no
-    // later than a clock reading taken now), else the submit time.
-    BatchTime arrival = now;
-    if (options.arrival != BatchTime::min()) {
-      arrival = std::max(options.arrival, BatchTime{});
-      if (!detail::stamp_is_cycles(now)) arrival = std::min(arrival, now);
-    }
-    BatchTime deadline = options.deadline;
-    if (options.timeout > std::chrono::nanoseconds::zero()) {
-      deadline = std::min(deadline, detail::saturating_add(arrival, options.timeout));
-    }
+    // Arrival, deadline, priority level and the refusals every front door shares
+    // (detail/request_intake.hpp); a cycle stamp is no clock reading to clamp against.
+    const detail::Intake in = detail::intake(options, now, !detail::stamp_is_cycles(now));
+    const BatchTime arrival = in.arrival;
+    const BatchTime deadline = in.deadline;
+    const std::size_t level = in.level;
     if (signal_.closing(std::memory_order_relaxed)) {
       return reject_inline(done, RejectReason::shutting_down, "tailbatch: the pipeline is shutting down");
     }
-    if (options.cancel.stop_requested()) {
-      return complete_inline(done, Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}});
-    }
-    if (options.timeout < std::chrono::nanoseconds::zero()) {
-      return complete_inline(done, Error{Status::deadline_exceeded, RejectReason::none,
-                                         "tailbatch: the request's time budget was already spent (negative timeout)",
-                                         {}});
-    }
-    if (now > deadline) {
-      return complete_inline(done, Error{Status::deadline_exceeded, RejectReason::none,
-                                         "tailbatch: the deadline passed before the request was queued", {}});
-    }
-    const std::size_t level = static_cast<std::size_t>(options.priority);
-    if (level >= priority_levels) {
-      return complete_inline(done, Error{Status::failed, RejectReason::none, "tailbatch: invalid priority", {}});
-    }
+    if (!in.accepted()) return complete_inline(done, in.error());
     std::size_t cost = 1;
     std::size_t bucket = 0;
     if constexpr (detail::policy_uses_cost<Policy>()) {

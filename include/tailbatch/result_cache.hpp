@@ -79,6 +79,7 @@
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/cache/frequency_sketch.hpp>
 #include <tailbatch/detail/cache/optimistic_index.hpp>
+#include <tailbatch/detail/request_intake.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/detail/cache/tinylfu_store.hpp>
 #include <tailbatch/metrics.hpp>
@@ -377,8 +378,16 @@ class ResultCache {
     requires std::same_as<typename P::Request, Key> && std::same_as<typename P::Response, Value> &&
              std::is_invocable_v<std::decay_t<F>&, Outcome<Value>&&>
   void submit(P& pipeline, Key req, SubmitOptions options, F&& on_complete) noexcept {
-    if (options.cancel.stop_requested()) {
-      deliver_user(on_complete, Outcome<Value>(cancelled_error()));
+    // Arrival, deadline and the refusals every front door shares, on the Pipeline's clock
+    // (detail/request_intake.hpp): a request the Pipeline would turn away at once is
+    // turned away here, before the lookup, with the same outcome.
+    const detail::Intake in = detail::intake(options, now_of<P>(&pipeline));
+    if (!in.accepted()) {
+      if (in.refusal == detail::IntakeRefusal::cancelled) {
+        deliver_user(on_complete, Outcome<Value>(cancelled_error()));
+      } else {
+        deliver_intake_refusal(on_complete, in);
+      }
       return;
     }
     const std::uint64_t h = mixed_hash(req);
@@ -406,7 +415,7 @@ class ResultCache {
         return;
       }
       s.store->record(h);
-      const BatchTime deadline = effective_deadline(pipeline, options);
+      const BatchTime deadline = in.deadline;
       waiter = std::make_shared<Waiter>(deadline);
       waiter->done = detail::CacheCallback<Value>(std::forward<F>(on_complete));
       auto it = s.flights->find(detail::KeyRef<Key>{&req, h});
@@ -426,10 +435,11 @@ class ResultCache {
         // Tighter deadline than the shared request: runs on its own, still cached when ok.
         lock.unlock();
         if (metrics_) metrics_->misses->inc();
-        submit_alone(pipeline, std::move(req), h, options, deadline, std::move(waiter));
+        submit_alone(pipeline, std::move(req), h, options, in, std::move(waiter));
         return;
       }
       auto flight = std::make_shared<Flight>(req, h, deadline, options.priority);
+      flight->arrival = in.arrival;
       flight->waiters.push_back(waiter);
       waiter->flight = flight.get();
       flight->live = 1;
@@ -529,6 +539,7 @@ class ResultCache {
     Key key;
     std::uint64_t hash;
     BatchTime deadline;
+    BatchTime arrival = BatchTime::min();  // its leader's (SubmitOptions::arrival as intake saw it)
     Priority priority;
     std::vector<std::shared_ptr<Waiter>> waiters;
     std::size_t live = 0;                   // waiters attached and not cancelled
@@ -772,14 +783,14 @@ class ResultCache {
     return Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}};
   }
 
-  template <class P>
-  static BatchTime effective_deadline(P& pipeline, const SubmitOptions& o) noexcept {
-    BatchTime d = o.deadline;
-    if (o.timeout > std::chrono::nanoseconds::zero()) {
-      d = std::min(d, detail::saturating_add(pipeline.clock().now(),
-                                             std::chrono::duration_cast<BatchDuration>(o.timeout)));
+  // A request intake refused for its time budget (detail/request_intake.hpp).
+  template <class F>
+  void deliver_intake_refusal(F& f, const detail::Intake& in) noexcept {
+    Outcome<Value> o(Error{in.status(), RejectReason::none, {}, {}});
+    if (detail::call_guarded([&] { o = Outcome<Value>(in.error()); }, [](const char*) {})) {
+      // Out of memory for the message: the status alone.
     }
-    return d;
+    deliver_user(f, std::move(o));
   }
 
   // ---- cancellation ------------------------------------------------------------------
@@ -812,6 +823,7 @@ class ResultCache {
   void launch(P& pipeline, Key&& req, std::shared_ptr<Flight> flight) noexcept {
     SubmitOptions o;
     o.deadline = flight->deadline;
+    o.arrival = flight->arrival;
     o.priority = flight->priority;
     if (flight->stop) o.cancel = flight->stop->get_token();
     pipeline.submit(std::move(req), o, [this, f = std::move(flight)](Outcome<Value>&& out) mutable {
@@ -832,9 +844,10 @@ class ResultCache {
   // A request with a tighter deadline than the shared one: one waiter, not in the flight
   // map, but its ok outcome is cached all the same.
   template <class P>
-  void submit_alone(P& pipeline, Key&& req, std::uint64_t h, SubmitOptions options, BatchTime deadline,
+  void submit_alone(P& pipeline, Key&& req, std::uint64_t h, const SubmitOptions& options, const detail::Intake& in,
                     std::shared_ptr<Waiter> waiter) {
-    auto flight = std::make_shared<Flight>(req, h, deadline, options.priority);
+    auto flight = std::make_shared<Flight>(req, h, in.deadline, options.priority);
+    flight->arrival = in.arrival;
     flight->waiters.push_back(waiter);
     waiter->flight = flight.get();
     flight->live = 1;
@@ -966,6 +979,7 @@ class ResultCache {
     try {
 #endif
       auto f = std::make_shared<Flight>(from->key, from->hash, deadline, from->priority);
+      f->arrival = from->arrival;
       f->pipeline = from->pipeline;
       f->resubmit = from->resubmit;
       f->pipeline_now = from->pipeline_now;
