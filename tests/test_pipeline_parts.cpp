@@ -6,6 +6,7 @@
 #include <tailbatch/detail/pipeline/batch.hpp>
 #include <tailbatch/detail/pipeline/entry.hpp>
 #include <tailbatch/detail/pipeline/metrics.hpp>
+#include <tailbatch/detail/service_rate.hpp>
 
 #include <tailbatch/admission.hpp>
 #include <tailbatch/metrics.hpp>
@@ -166,7 +167,7 @@ TEST_CASE("LeaderSignal: an urgent arrival wakes the sleeper alone", "[pipeline_
   CHECK(woke.load());
 }
 
-TEST_CASE("PipelineCounters and DrainRate", "[pipeline_parts]") {
+TEST_CASE("PipelineCounters and ServiceRate", "[pipeline_parts]") {
   detail::PipelineCounters c;
   c.count(Status::rejected, RejectReason::queue_full, 2, nullptr);
   c.count(Status::ok, RejectReason::none, 0, nullptr);  // nothing
@@ -179,19 +180,16 @@ TEST_CASE("PipelineCounters and DrainRate", "[pipeline_parts]") {
   c.future_waiters.store(-3);
   CHECK(c.blocked_submitters() == 0);
 
-  CHECK(detail::DrainRate::retry_after(0.0, 100) == 0ns);
-  CHECK(detail::DrainRate::retry_after(1000.0, 100) == 100ms);
-  CHECK(detail::DrainRate::retry_after(1000.0, 0) == 1ms);      // at least one
-  CHECK(detail::DrainRate::retry_after(1.0, 1000) == 60s);      // capped
-  detail::DrainRate rate;
-  std::atomic<double> out{0.0};
-  rate.start(t0);
-  rate.update(5, t0 + 5ms, out);  // under 10 ms: not yet a sample
-  CHECK(out.load() == 0.0);
-  rate.update(5, t0 + 10ms, out);  // 10 requests in 10 ms
-  CHECK((out.load() > 999.999 && out.load() < 1000.001));
-  rate.update(30, t0 + 20ms, out);  // 3000/s, averaged with the last
-  CHECK((out.load() > 1999.999 && out.load() < 2000.001));
+  CHECK(detail::ServiceRate::retry_after(0.0, 100) == 0ns);
+  CHECK(detail::ServiceRate::retry_after(1000.0, 100) == 100ms);
+  CHECK(detail::ServiceRate::retry_after(1000.0, 0) == 1ms);  // at least one
+  CHECK(detail::ServiceRate::retry_after(1.0, 1000) == 60s);  // capped
+  detail::ServiceRate rate;
+  CHECK(rate.record(5, 0ns) == 0.0);  // no busy time: no rate
+  CHECK(rate.record(10, 10ms) == Approx(1000.0));
+  // 30 in 10 ms: the earlier report kept at 3/4 weight, (7.5 + 30) / (7.5 ms + 10 ms).
+  CHECK(rate.record(30, 10ms) == Approx(37.5 / 0.0175));
+  CHECK(rate.rate() == Approx(37.5 / 0.0175));
 }
 
 TEST_CASE("PipelineMetricsTarget: registers through the registry it was given, or not at all", "[pipeline_parts]") {

@@ -84,6 +84,7 @@
 #include <tailbatch/detail/continuous/waiting.hpp>
 #include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/request_intake.hpp>
+#include <tailbatch/detail/service_rate.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/detail/time.hpp>
 #include <tailbatch/latency_histogram.hpp>
@@ -328,6 +329,7 @@ class ContinuousBatcher {
     bool stop_ = false;
     bool finished_ = false;
     bool retired_ = false;
+    bool dropped_for_stop_ = false;  // left the waiting queue because of shutdown
     std::optional<std::string> failure_;
   };
 
@@ -575,7 +577,7 @@ class ContinuousBatcher {
     } else if (refused == RejectReason::queue_full) {
       complete(*stream, Status::rejected,
                "ContinuousBatcher: waiting queue full (" + std::to_string(config_.queue_capacity) + ")",
-               refused, std::chrono::nanoseconds(admit_interval_ns_.load(std::memory_order_relaxed)));
+               refused, detail::ServiceRate::retry_after(service_.rate(), 1));
     } else {
       cv_.notify_one();
     }
@@ -655,7 +657,9 @@ class ContinuousBatcher {
     compact();
 
     // 2. Drop waiting sequences that were cancelled or expired (or all of them when
-    //    shutting down). The retirements above ran user callbacks: read the clock again.
+    //    shutting down). Their streams are closed after the step (complete_late below):
+    //    their callbacks never delay the step, nor make a sequence admitted next miss its
+    //    deadline. The retirements above ran user callbacks: read the clock again.
     std::vector<Sequence> dropped;
     now = clock_.now();
     {
@@ -663,6 +667,7 @@ class ContinuousBatcher {
       stopping = stopping_;
       for (auto it = waiting_.begin(); it != waiting_.end();) {
         if (stopping || must_drop(it->second, now)) {
+          it->second.dropped_for_stop_ = stopping;
           dropped.push_back(std::move(it->second));
           it = waiting_.erase(it);
         } else {
@@ -671,8 +676,7 @@ class ContinuousBatcher {
       }
       depart_locked(dropped, now);
     }
-    for (auto& s : dropped) complete_dropped(s, stopping, now, report);
-    dropped.clear();
+    const std::size_t dropped_waiting = dropped.size();
 
     // 3. Admit in service order while the next one fits. The drops above ran callbacks too,
     //    so the deadlines are checked against a fresh reading, and from here to the step
@@ -687,6 +691,7 @@ class ContinuousBatcher {
       while (!waiting_.empty() && active_.size() < config_.max_active) {
         auto it = waiting_.begin();
         if (stopping || must_drop(it->second, now)) {
+          it->second.dropped_for_stop_ = stopping;
           dropped.push_back(std::move(it->second));
           waiting_.erase(it);
           continue;
@@ -699,18 +704,18 @@ class ContinuousBatcher {
         waiting_.erase(it);
         ++report.admitted;
       }
-      depart_locked(dropped, now);
+      depart_locked(std::span<const Sequence>(dropped).subspan(dropped_waiting), now);
       reserved_.store(reserved, std::memory_order_relaxed);
       waiting_count_.store(waiting_.size(), std::memory_order_relaxed);
       active_count_.store(active_.size(), std::memory_order_relaxed);
     }
-    if (report.admitted > 0) note_admissions(report.admitted, now);
+    if (report.admitted > 0) note_admissions(report.admitted);
     for (std::size_t i = active_.size() - report.admitted; i < active_.size(); ++i) {
       metrics_.record_queue_wait(now - active_[i].submitted_);
     }
     const time_point admitted_at = now;
     auto complete_late = [&] {
-      for (auto& s : dropped) complete_dropped(s, stopping, admitted_at, report);
+      for (auto& s : dropped) complete_dropped(s, s.dropped_for_stop_, admitted_at, report);
     };
 
     // 4. Plan the step: decoding sequences one token each, then prompt chunks in
@@ -781,6 +786,9 @@ class ContinuousBatcher {
       }
     }
     tokens_.fetch_add(report.emitted, std::memory_order_relaxed);
+    std::uint64_t finished = 0;
+    for (std::size_t i = 0; i < scheduled; ++i) finished += active_[i].retired_ ? 1 : 0;
+    (void)service_.record(finished, std::chrono::duration_cast<std::chrono::nanoseconds>(step_end - step_start));
     compact();
     complete_late();
     return report;
@@ -806,7 +814,7 @@ class ContinuousBatcher {
   }
 
   // Counts sequences leaving the batcher (load integrals). Called with mutex_ held.
-  void depart_locked(const std::vector<Sequence>& gone, time_point now) noexcept {
+  void depart_locked(std::span<const Sequence> gone, time_point now) noexcept {
     if (gone.empty()) return;
     const std::int64_t t = detail::ns_since_epoch(now);
     for (const Sequence& s : gone) load_.depart(t, detail::ns_since_epoch(s.queued_at_));
@@ -838,18 +846,7 @@ class ContinuousBatcher {
     active_count_.store(active_.size(), std::memory_order_relaxed);
   }
 
-  void note_admissions(std::size_t n, time_point now) noexcept {
-    admitted_total_.fetch_add(n, std::memory_order_relaxed);
-    // The retry_after hint for queue_full: a smoothed interval between admissions, i.e.
-    // how soon a waiting slot tends to free up.
-    if (last_admission_) {
-      const auto gap = std::chrono::duration_cast<std::chrono::nanoseconds>(now - *last_admission_).count() /
-                       static_cast<std::int64_t>(n);
-      const auto old = admit_interval_ns_.load(std::memory_order_relaxed);
-      admit_interval_ns_.store(old == 0 ? gap : (old * 7 + gap) / 8, std::memory_order_relaxed);
-    }
-    last_admission_ = now;
-  }
+  void note_admissions(std::size_t n) noexcept { admitted_total_.fetch_add(n, std::memory_order_relaxed); }
 
   // The batcher's registered metrics; everything is a no-op without a registry.
   struct Metrics {
@@ -926,7 +923,9 @@ class ContinuousBatcher {
   std::atomic<std::uint64_t> tokens_{0};
   std::atomic<std::uint64_t> by_status_[5] = {};
   std::atomic<std::uint64_t> rejected_by_reason_[5] = {};
-  std::atomic<std::int64_t> admit_interval_ns_{0};
+  // Sequences finished per second of step time (detail/service_rate.hpp): the queue_full
+  // hint is the time one of them takes to free a place, idle time never counted.
+  detail::ServiceRate service_;
 
   mutable std::mutex mutex_;  // guards waiting_, stopping_, drain_deadline_, next_id_, active_'s size, load_
   std::condition_variable cv_;
@@ -937,7 +936,6 @@ class ContinuousBatcher {
   Load load_;
 
   std::vector<Sequence> active_;  // contents: the stepping thread only
-  std::optional<time_point> last_admission_;
 
   std::mutex step_mutex_;     // serializes poll() calls
   std::mutex control_mutex_;  // serializes shutdown()s

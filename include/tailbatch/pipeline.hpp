@@ -94,6 +94,7 @@
 #include <tailbatch/detail/pipeline/submit_shards.hpp>
 #include <tailbatch/detail/pipeline/batch_former.hpp>
 #include <tailbatch/detail/request_intake.hpp>
+#include <tailbatch/detail/service_rate.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/lanes.hpp>
 #include <tailbatch/metrics.hpp>
@@ -429,8 +430,9 @@ class Pipeline {
   [[nodiscard]] std::size_t in_flight_approx() const noexcept {
     return counters_.in_flight.load(std::memory_order_relaxed);
   }
-  // The recent rate at which batches take requests off the queue, per second (0 until
-  // measured). Racy. Thread-safe.
+  // The recent rate at which the Pipeline serves requests, per second: requests per
+  // second of model time over the last few batches, times the lane slots (0 until
+  // measured). Time with nothing to run never lowers it. Racy. Thread-safe.
   [[nodiscard]] double drain_rate_approx() const noexcept {
     return counters_.drain_rate.load(std::memory_order_relaxed);
   }
@@ -525,6 +527,7 @@ class Pipeline {
   using Meta = typename Entry::Meta;
 
   using Batch = detail::PipelineBatch<Req, Resp, Meta>;
+  using Dead = detail::DeadRequest<Meta>;
 
   // formed: a batch, with a lane leased for it. no_lane: a batch is due but every lane
   // slot is busy (manual stepping only; a worker waits for one).
@@ -561,7 +564,6 @@ class Pipeline {
     total_slots_ = lanes_->size() * lanes_->lane_capacity();
     littles_last_.at = occupancy_.read(BatchTime{}).at;
     manual_batch_.reserve(max_batch_);
-    drain_.start(clock_.now());
     metrics_ = config_.metrics.register_pipeline(
         config_.metric_labels,
         detail::PipelineGaugeSources{&counters_, max_batch_, this, [](const void* self) noexcept {
@@ -763,11 +765,12 @@ class Pipeline {
     reject_inline(done, RejectReason::too_large, std::move(message));
   }
 
-  // The time the current drain rate needs to empty the queue as it stands.
+  // The time the recent service rate (detail/service_rate.hpp: measured over the batches'
+  // model time, never over idle time) needs to empty the queue as it stands.
   // The depth is the places not in the pool (one load, for a fast refusal): the queue,
   // plus the few places shards have claimed and not used yet.
   std::chrono::nanoseconds retry_after_hint() const noexcept {
-    return detail::DrainRate::retry_after(counters_.drain_rate.load(std::memory_order_relaxed),
+    return detail::ServiceRate::retry_after(counters_.drain_rate.load(std::memory_order_relaxed),
                                           shards_.places_in_use_approx());
   }
 
@@ -889,7 +892,21 @@ class Pipeline {
   // stays queued (growing) while the leader waits in line for one (threaded), or the turn
   // ends with no_lane (manual). `lease` holds a slot got while waiting; it is given back
   // before the leader sleeps.
+  //
+  // Requests taken off the queue without running (cancelled, expired) are completed when
+  // the turn ends without a batch, before the leader waits; with a batch, after its model
+  // call (Batch::dead): a slow callback never delays the batch it was formed beside.
   Lead lead_step(Batch& b, bool may_sleep, BatchTime& next_due, LeaseSlot& lease) noexcept {
+    const Lead r = lead_turn(b, may_sleep, next_due, lease);
+    if (r == Lead::formed) {
+      std::swap(b.dead, dead_);  // b.dead is empty: finish() cleared it
+    } else {
+      complete_dead();
+    }
+    return r;
+  }
+
+  Lead lead_turn(Batch& b, bool may_sleep, BatchTime& next_due, LeaseSlot& lease) noexcept {
     for (;;) {
       if (finished_) {
         lease.reset();
@@ -942,6 +959,7 @@ class Pipeline {
           next_due = now;
           return Lead::no_lane;
         }
+        complete_dead();
         lease = wait_for_lane();
         continue;
       }
@@ -960,6 +978,7 @@ class Pipeline {
       // microseconds); the last stretch before a window closes is spent spinning
       // instead, watching for newcomers. (Yielding would be worse: under load a yielded
       // processor comes back a scheduler slice later.)
+      complete_dead();
       const BatchTime wake_at = round.wait.decide_again_at;
       const BatchTime early = detail::saturating_sub(wake_at, config_.dispatch_spin);
       if (wake_at != BatchTime::max() && now >= early) {
@@ -1049,32 +1068,56 @@ class Pipeline {
     deliver(m.done, Outcome<Resp>(std::move(err)));
   }
 
-  // What the former hands over of a request that will not run: completes it, once its
-  // place is back in the pool (whoever the completion wakes sees the queue without it).
+  // What the former hands over of a request that will not run: its place goes back to the
+  // pool at once, its completion waits in dead_ (see lead_step), or runs now if even that
+  // small record cannot be allocated.
   auto dead_sink() noexcept {
     return [this](Entry& e, Status why, BatchTime now) {
       publish_dequeued();
-      switch (why) {
-        case Status::cancelled:
-          complete_entry(e, Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}}, now);
-          break;
-        case Status::rejected:
-          complete_entry(e,
-                         Error{Status::rejected, RejectReason::shutting_down,
-                               "tailbatch: the pipeline shut down before the request could run", {}},
-                         now);
-          break;
-        default:
-          complete_entry(e,
-                         Error{Status::deadline_exceeded, RejectReason::none,
-                               "tailbatch: the deadline passed before the request could run", {}},
-                         now);
-          break;
+      const bool room = !detail::call_guarded(
+          [&] {
+            if (dead_.size() == dead_.capacity()) dead_.reserve(std::max<std::size_t>(16, 2 * dead_.capacity()));
+          },
+          [](const char*) {});
+      if (room) {
+        dead_.push_back(Dead{std::move(e.meta), why, now});  // within capacity: no throw
+      } else {
+        complete_dead(e.meta, why, now);
       }
     };
   }
 
-  void reject_all_staged() noexcept { former_.remove_all(clock_.now(), dead_sink()); }
+  // Completes a request taken off the queue at `at` without running.
+  void complete_dead(Meta& m, Status why, BatchTime at) noexcept {
+    switch (why) {
+      case Status::cancelled:
+        complete_meta(m, Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}}, at, false, at);
+        break;
+      case Status::rejected:
+        complete_meta(m,
+                      Error{Status::rejected, RejectReason::shutting_down,
+                            "tailbatch: the pipeline shut down before the request could run", {}},
+                      at, false, at);
+        break;
+      default:
+        complete_meta(m,
+                      Error{Status::deadline_exceeded, RejectReason::none,
+                            "tailbatch: the deadline passed before the request could run", {}},
+                      at, false, at);
+        break;
+    }
+  }
+
+  // Completes what the leader's turn took off the queue (under lead_mu_).
+  void complete_dead() noexcept {
+    for (Dead& d : dead_) complete_dead(d.meta, d.why, d.at);
+    dead_.clear();
+  }
+
+  void reject_all_staged() noexcept {
+    former_.remove_all(clock_.now(), dead_sink());
+    complete_dead();
+  }
 
   // Lane slots free for a batch now: the backend's count where it keeps one (with the
   // slot the leader holds, if any), else every slot not running one of this Pipeline's
@@ -1099,7 +1142,6 @@ class Pipeline {
     b.reason = round.decision.reason;
     b.formed = now;
     counters_.in_flight.fetch_add(n, std::memory_order_relaxed);
-    drain_.update(n, now, counters_.drain_rate);
     note_submitter_limit(b, n);
     if (metrics_) {
       metrics_->hist[Hist::formation]->record(elapsed(b.opened, now));
@@ -1168,7 +1210,11 @@ class Pipeline {
     // The lane is free before the completions run.
     lease.reset();
     counters_.running_batches.fetch_sub(1, std::memory_order_relaxed);
-    if (n > 0) counters_.batch_ran(b.reason, n, elapsed(start, end), metrics_.get());
+    if (n > 0) {
+      counters_.batch_ran(b.reason, n, elapsed(start, end), metrics_.get());
+      const double per_slot = service_.record(n, elapsed(start, end));
+      counters_.drain_rate.store(per_slot * static_cast<double>(total_slots_), std::memory_order_relaxed);
+    }
     BatchDuration latency_sum{0};
     for (const Meta& m : b.metas) latency_sum += elapsed(m.arrival, end);
     occupancy_.leave(end, n, n, b.formed, latency_sum);
@@ -1208,6 +1254,8 @@ class Pipeline {
                                           "tailbatch: the deadline passed before the request's batch could start", {}},
                     end, true, b.formed);
     }
+    // What the leader took off the queue while forming this batch, now that it ran.
+    for (detail::DeadRequest<Meta>& d : b.dead) complete_dead(d.meta, d.why, d.at);
     b.finish();
     counters_.in_flight.fetch_sub(n + dropped, std::memory_order_relaxed);
     if (b.warn_submitters) {
@@ -1260,8 +1308,11 @@ class Pipeline {
   Former former_;  // the staged queue and batch formation
   detail::CycleCalibration calibration_;  // the cycle counter's rate, for arrival stamps
   bool finished_ = false;
-  detail::DrainRate drain_;
+  // Requests served per second of model time, per lane slot (the retry-after hint's rate).
+  detail::ServiceRate service_;
   Batch manual_batch_;
+  // Requests this turn took off the queue without running, not yet completed.
+  std::vector<Dead> dead_;
   // Consecutive batches that looked limited by blocked submitters; the warning is given
   // once, after this many.
   static constexpr std::size_t submitter_warn_after = 16;

@@ -1,4 +1,4 @@
-// What a Pipeline counts and exports: its outcome counters, its drain rate, and its
+// What a Pipeline counts and exports: its outcome counters, and its
 // tailbatch_pipeline_* metrics.
 //
 // None of it depends on the Pipeline's request, response, policy, lane or clock types, so it
@@ -58,7 +58,7 @@ struct PipelineMetrics {
 
 // Counts since construction. Relaxed atomics; see the file comment.
 struct PipelineCounters {
-  std::atomic<double> drain_rate{0.0};
+  std::atomic<double> drain_rate{0.0};  // requests served per second (detail/service_rate.hpp)
   std::atomic<std::size_t> in_flight{0};
   std::atomic<std::uint64_t> inline_submitted{0};
   std::array<std::atomic<std::uint64_t>, 5> by_status{};
@@ -115,39 +115,6 @@ struct PipelineCounters {
     return static_cast<double>(batched_requests.load(std::memory_order_relaxed)) /
            (static_cast<double>(batches) * static_cast<double>(max_batch));
   }
-};
-
-// The rate at which batches take requests off the queue: the leader samples it (under its
-// lock), everyone reads counters.drain_rate.
-class DrainRate {
- public:
-  // Measures from `now` on.
-  void start(BatchTime now) noexcept {
-    count_ = 0;
-    last_sample_ = now;
-  }
-
-  void update(std::size_t n, BatchTime now, std::atomic<double>& rate) noexcept {
-    count_ += n;
-    const auto dt = now - last_sample_;
-    if (dt < std::chrono::milliseconds(10)) return;
-    const double inst = static_cast<double>(count_) / std::chrono::duration<double>(dt).count();
-    const double old = rate.load(std::memory_order_relaxed);
-    rate.store(old <= 0.0 ? inst : 0.5 * old + 0.5 * inst, std::memory_order_relaxed);
-    count_ = 0;
-    last_sample_ = now;
-  }
-
-  // The time `rate` needs to empty a queue `depth` deep (at least one); 0 while unmeasured.
-  [[nodiscard]] static std::chrono::nanoseconds retry_after(double rate, std::size_t depth) noexcept {
-    if (rate <= 0.0) return std::chrono::nanoseconds{0};
-    const double seconds = std::min(static_cast<double>(std::max<std::size_t>(1, depth)) / rate, 60.0);
-    return std::chrono::nanoseconds(detail::llround(seconds * 1e9));
-  }
-
- private:
-  std::uint64_t count_ = 0;
-  BatchTime last_sample_{};
 };
 
 // What the gauges read: the counters, and the queue depth through a pointer call (the
