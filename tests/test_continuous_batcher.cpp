@@ -583,6 +583,39 @@ TEST_CASE("admission reads the clock after the retirements' callbacks: never adm
   CHECK(rec.steps.size() == 1);  // only first's step ran
 }
 
+TEST_CASE("load(), load_between() and check_littles_law(): the Pipeline's shape on the batcher",
+          "[continuous_batcher]") {
+  Recorder rec;
+  rec.step_time = 10ms;
+  Batcher b(rec.fn(), config(1), rec.clock);
+  const tailbatch::LoadReading start = b.load();
+  auto a = b.submit(req(0, 2));  // waiting 0 ms, active 0-20 ms
+  auto c = b.submit(req(0, 1));  // waits 0-20 ms, active 20-30 ms
+  run_all(b);
+  rec.clock.advance(10ms);
+  const tailbatch::LoadReading end = b.load();
+  CHECK(end.at - start.at == 40ms);
+  CHECK(end.completed == 2);
+  CHECK(end.in_system_s == Approx(0.050));
+  CHECK(end.executing_s == Approx(0.030));  // the active set: a 20 ms, c 10 ms
+  CHECK(end.latency_s == Approx(0.050));
+  const tailbatch::LoadWindow w = tailbatch::load_between(start, end);
+  CHECK(w.mean_in_system == Approx(1.25));
+  CHECK(w.mean_executing == Approx(0.75));
+  CHECK(w.mean_queued == Approx(0.5));
+  CHECK(w.throughput_per_s == Approx(50.0));
+  CHECK(w.mean_latency == 25ms);
+  // The batcher's own check: L = lambda x W holds over its own measurements.
+  const tailbatch::LittlesLawCheck check = b.check_littles_law();
+  CHECK_FALSE(check.hidden_queue_suspected);
+  CHECK(check.predicted_in_flight == Approx(1.25));
+  CHECK_THROWS_AS(b.check_littles_law(0.0), std::invalid_argument);
+  // The stats carry the same integrals.
+  const auto st = b.stats();
+  CHECK(st.in_flight_seconds == Approx(end.in_system_s));
+  CHECK(st.departed == end.completed);
+}
+
 TEST_CASE("load: time-averaged in flight and throughput over a window feed the Little's-law check",
           "[continuous_batcher]") {
   Recorder rec;

@@ -6,12 +6,14 @@
 #include <tailbatch/detail/pipeline/batch.hpp>
 #include <tailbatch/detail/pipeline/entry.hpp>
 #include <tailbatch/detail/pipeline/metrics.hpp>
+#include <tailbatch/detail/outcome_ledger.hpp>
 #include <tailbatch/detail/service_rate.hpp>
 
 #include <tailbatch/admission.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/outcome.hpp>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -169,11 +171,15 @@ TEST_CASE("LeaderSignal: an urgent arrival wakes the sleeper alone", "[pipeline_
 
 TEST_CASE("PipelineCounters and ServiceRate", "[pipeline_parts]") {
   detail::PipelineCounters c;
-  c.count(Status::rejected, RejectReason::queue_full, 2, nullptr);
-  c.count(Status::ok, RejectReason::none, 0, nullptr);  // nothing
-  CHECK(c.by_status[static_cast<std::size_t>(Status::rejected)].load() == 2);
-  CHECK(c.rejected_by_reason[static_cast<std::size_t>(RejectReason::queue_full)].load() == 2);
-  CHECK(c.by_status[static_cast<std::size_t>(Status::ok)].load() == 0);
+  detail::OutcomeLedger ledger(t0);
+  ledger.count(Status::rejected, RejectReason::queue_full, 2);
+  ledger.count(Status::ok, RejectReason::none, 0);  // nothing
+  std::array<std::uint64_t, 5> by_status{};
+  std::array<std::uint64_t, 5> by_reason{};
+  ledger.fill(by_status, by_reason);
+  CHECK(by_status[static_cast<std::size_t>(Status::rejected)] == 2);
+  CHECK(by_reason[static_cast<std::size_t>(RejectReason::queue_full)] == 2);
+  CHECK(by_status[static_cast<std::size_t>(Status::ok)] == 0);
   c.batch_ran(DispatchReason::size, 8, 1ms, nullptr);
   c.batch_ran(DispatchReason::window, 4, 1ms, nullptr);
   CHECK(c.fill_ratio(8) == 0.75);
@@ -194,7 +200,7 @@ TEST_CASE("PipelineCounters and ServiceRate", "[pipeline_parts]") {
 
 TEST_CASE("PipelineMetricsTarget: registers through the registry it was given, or not at all", "[pipeline_parts]") {
   detail::PipelineCounters c;
-  const detail::PipelineGaugeSources src{&c, 8, nullptr, [](const void*) noexcept { return std::size_t{5}; }};
+  const detail::PipelineGaugeSources src{&c, nullptr, 8, nullptr, [](const void*) noexcept { return std::size_t{5}; }};
   PipelineMetricsTarget none = nullptr;
   const bool none_is_null = none == nullptr;  // compares as a pointer does
   CHECK(none_is_null);

@@ -94,11 +94,12 @@
 #include <tailbatch/detail/pipeline/submit_shards.hpp>
 #include <tailbatch/detail/pipeline/batch_former.hpp>
 #include <tailbatch/detail/request_intake.hpp>
-#include <tailbatch/detail/service_rate.hpp>
+#include <tailbatch/detail/outcome_ledger.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/lanes.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/littles_law.hpp>
+#include <tailbatch/load.hpp>
 #include <tailbatch/outcome.hpp>
 #include <tailbatch/submit_options.hpp>
 
@@ -160,12 +161,11 @@ struct PipelineConfig {
   std::function<void(std::string_view)> log{};
 };
 
-// Counts since construction. Exact once shutdown() has returned; while the Pipeline runs
-// a snapshot in which the counters may disagree by requests in transit.
-struct PipelineStats {
-  std::uint64_t submitted = 0;
-  std::array<std::uint64_t, 5> by_status{};          // indexed by Status
-  std::array<std::uint64_t, 5> rejected_by_reason{};  // indexed by RejectReason
+// Counts since construction: the outcome counts every front door shares (OutcomeCounts,
+// outcome.hpp: submitted, by_status, rejected_by_reason, count(), completed()) and the
+// Pipeline's own. Exact once shutdown() has returned; while the Pipeline runs a snapshot
+// in which the counters may disagree by requests in transit.
+struct PipelineStats : OutcomeCounts {
   std::array<std::uint64_t, dispatch_reason_count> batches_by_reason{};  // indexed by DispatchReason
   std::uint64_t batched_requests = 0;      // requests executed in batches (without padding)
   std::uint64_t callback_exceptions = 0;   // completion callbacks that threw
@@ -179,17 +179,9 @@ struct PipelineStats {
   std::size_t queued = 0;
   std::size_t in_flight = 0;
 
-  [[nodiscard]] std::uint64_t count(Status s) const noexcept { return by_status[static_cast<std::size_t>(s)]; }
-  [[nodiscard]] std::uint64_t count(RejectReason r) const noexcept {
-    return rejected_by_reason[static_cast<std::size_t>(r)];
-  }
+  using OutcomeCounts::count;
   [[nodiscard]] std::uint64_t count(DispatchReason r) const noexcept {
     return batches_by_reason[static_cast<std::size_t>(r)];
-  }
-  [[nodiscard]] std::uint64_t completed() const noexcept {
-    std::uint64_t n = 0;
-    for (auto c : by_status) n += c;
-    return n;
   }
   [[nodiscard]] std::uint64_t batches() const noexcept {
     std::uint64_t n = 0;
@@ -198,46 +190,8 @@ struct PipelineStats {
   }
 };
 
-// Time integrals of what a Pipeline holds, read at one moment (Pipeline::occupancy());
-// two of them give the averages over the time between (occupancy_between), which is what
-// a Little's-law check needs. Cumulative since the Pipeline was constructed.
-struct PipelineOccupancy {
-  BatchTime at{};                // when it was read (the Pipeline's clock)
-  double in_pipeline_s = 0.0;    // integral over time of requests queued or executing, request-seconds
-  double executing_s = 0.0;      // integral over time of requests in formed batches, request-seconds
-  std::uint64_t completed = 0;   // requests that were queued and have completed, in any status
-  double latency_s = 0.0;        // their end-to-end latencies (from arrival), summed, seconds
-};
-
-// Averages over the window between two readings of PipelineOccupancy.
-struct OccupancyWindow {
-  std::chrono::nanoseconds window{0};
-  double mean_in_pipeline = 0.0;  // time-averaged requests queued or executing (L)
-  double mean_queued = 0.0;       // time-averaged requests queued
-  double mean_executing = 0.0;    // time-averaged requests in formed batches
-  double throughput_per_s = 0.0;  // completions per second (lambda)
-  std::chrono::nanoseconds mean_latency{0};  // mean end-to-end latency of those completions (W)
-};
-
-// The averages between `from` and a later reading `to` of the same Pipeline; all zero when
-// `to` is not later. Never throws. Thread-safe (a pure function).
-[[nodiscard]] inline OccupancyWindow occupancy_between(const PipelineOccupancy& from,
-                                                       const PipelineOccupancy& to) noexcept {
-  OccupancyWindow w;
-  if (!(to.at > from.at)) return w;
-  w.window = std::chrono::duration_cast<std::chrono::nanoseconds>(to.at - from.at);
-  const double seconds = std::chrono::duration<double>(to.at - from.at).count();
-  w.mean_in_pipeline = std::max(0.0, (to.in_pipeline_s - from.in_pipeline_s) / seconds);
-  w.mean_executing = std::max(0.0, (to.executing_s - from.executing_s) / seconds);
-  w.mean_queued = std::max(0.0, w.mean_in_pipeline - w.mean_executing);
-  const std::uint64_t done = to.completed >= from.completed ? to.completed - from.completed : 0;
-  w.throughput_per_s = static_cast<double>(done) / seconds;
-  if (done > 0) {
-    const double mean = std::max(0.0, (to.latency_s - from.latency_s) / static_cast<double>(done));
-    w.mean_latency = std::chrono::nanoseconds(detail::llround(mean * 1e9));
-  }
-  return w;
-}
+// The Pipeline's load (load(), load_between(), check_littles_law()) has the shape every
+// front door shares: LoadReading and LoadWindow (load.hpp).
 
 // What one poll() did.
 struct PipelinePollResult {
@@ -443,18 +397,18 @@ class Pipeline {
   // Racy. Thread-safe.
   [[nodiscard]] std::size_t blocked_submitters_approx() const noexcept { return counters_.blocked_submitters(); }
 
-  // The time integrals of requests held, read now (see PipelineOccupancy): two readings
-  // give the time-averaged in-pipeline, queued and executing counts, the throughput and
-  // the mean latency over the same window (occupancy_between). Requests count from their
+  // The time integrals of requests held, read now (LoadReading, load.hpp): two readings
+  // give the time-averaged in-system, queued and executing counts, the throughput and
+  // the mean latency over the same window (load_between). Requests count from their
   // submit (not from SubmitOptions::arrival): a server that passes arrival times sees its
-  // own queue before submit as the gap between L and lambda x W. Requests submitted but
-  // not yet taken by the batch leader are counted once it takes them (from their submit),
-  // and a batch's time executing once it completes.
-  // Takes a short lock; never blocks otherwise, never allocates. Thread-safe.
-  [[nodiscard]] PipelineOccupancy occupancy() const noexcept {
-    const detail::OccupancyReading r = occupancy_.read(clock_.now());
-    return PipelineOccupancy{r.at, r.in_pipeline_s, r.executing_s, r.completed, r.latency_s};
-  }
+  // own queue before submit as the gap between L and lambda x W; latency_s sums the
+  // end-to-end latencies (from the arrival). Requests submitted but not yet taken by the
+  // batch leader are counted once it takes them (from their submit), and a batch's time
+  // executing once it completes. Takes a short lock; never blocks otherwise, never
+  // allocates. Thread-safe.
+  [[nodiscard]] LoadReading load() const noexcept { return ledger_.load(clock_.now()); }
+  // The earlier name of load(). Thread-safe.
+  [[nodiscard]] LoadReading occupancy() const noexcept { return load(); }
 
   // Runs the Little's-law check (tailbatch::check_littles_law, littles_law.hpp) on this
   // Pipeline's own measurements over the window since the previous call (the first call:
@@ -467,13 +421,7 @@ class Pipeline {
   // for other calls of it and the log sink. Throws std::invalid_argument unless
   // threshold > 0 (a relative deviation, 0.2 = 20 %). Thread-safe.
   LittlesLawCheck check_littles_law(double threshold = 0.2) {
-    std::lock_guard lock(littles_mu_);
-    const PipelineOccupancy now = occupancy();
-    const OccupancyWindow w = occupancy_between(littles_last_, now);
-    LittlesLawCheck c = tailbatch::check_littles_law(w.throughput_per_s, w.mean_latency, w.mean_in_pipeline, threshold);
-    littles_last_ = now;
-    counters_.littles_deviation.store(c.relative_deviation, std::memory_order_relaxed);
-    counters_.littles_suspected.store(c.hidden_queue_suspected, std::memory_order_relaxed);
+    LittlesLawCheck c = ledger_.check_littles_law(clock_.now(), threshold);
     if (c.hidden_queue_suspected) log_line("tailbatch: pipeline Little's law check: " + c.explanation);
     return c;
   }
@@ -486,10 +434,7 @@ class Pipeline {
     s.queued = queued_approx();
     const detail::PipelineCounters& c = counters_;
     s.submitted += c.inline_submitted.load(std::memory_order_relaxed);
-    for (std::size_t i = 0; i < s.by_status.size(); ++i) s.by_status[i] = c.by_status[i].load(std::memory_order_relaxed);
-    for (std::size_t i = 0; i < s.rejected_by_reason.size(); ++i) {
-      s.rejected_by_reason[i] = c.rejected_by_reason[i].load(std::memory_order_relaxed);
-    }
+    ledger_.fill(s.by_status, s.rejected_by_reason);
     for (std::size_t i = 0; i < s.batches_by_reason.size(); ++i) {
       s.batches_by_reason[i] = c.dispatched[i].load(std::memory_order_relaxed);
     }
@@ -559,16 +504,16 @@ class Pipeline {
         shards_(config_.submit_shards, priority_levels * bucket_count(policy_), config_.queue_capacity),
         former_(policy_, bucket_count(policy_), config_.starvation_limit,
                 lanes_ != nullptr ? lanes_->size() * lanes_->lane_capacity() : 1),
-        occupancy_(clock_.now()) {
+        ledger_(clock_.now()) {
     validate();
     total_slots_ = lanes_->size() * lanes_->lane_capacity();
-    littles_last_.at = occupancy_.read(BatchTime{}).at;
     manual_batch_.reserve(max_batch_);
     metrics_ = config_.metrics.register_pipeline(
         config_.metric_labels,
-        detail::PipelineGaugeSources{&counters_, max_batch_, this, [](const void* self) noexcept {
+        detail::PipelineGaugeSources{&counters_, &ledger_, max_batch_, this, [](const void* self) noexcept {
                                        return static_cast<const Pipeline*>(self)->queued_approx();
                                      }});
+    if (metrics_) ledger_.set_end_to_end(metrics_->hist[Hist::end_to_end]);
     if constexpr (cycle_stamps) {
       if (detail::cycle_counter_is_constant()) {
         // Three readings, the tightest kept (the allowance before any is known is generous).
@@ -781,7 +726,21 @@ class Pipeline {
     count_status(s, r, 1);
   }
 
-  void count_status(Status s, RejectReason r, std::uint64_t n) noexcept { counters_.count(s, r, n, metrics_.get()); }
+  // Counts n outcomes: the ledger's counters and the metric series.
+  void count_status(Status s, RejectReason r, std::uint64_t n) noexcept {
+    ledger_.count(s, r, n);
+    counters_.count(s, r, n, metrics_.get());
+  }
+
+  // Settles a request that was queued (see OutcomeLedger::settle): counted, its admission
+  // released, its end-to-end latency recorded, its outcome delivered; exactly once.
+  void settle(Meta& m, Status s, RejectReason r, std::chrono::nanoseconds latency, Outcome<Resp>&& o) noexcept {
+    counters_.count(s, r, 1, metrics_.get());
+    ledger_.settle(
+        s, r, latency,
+        [&](Status st, std::chrono::nanoseconds lat) noexcept { admission_->release(std::move(m.ticket), st, lat); },
+        [&]() noexcept { deliver(m.done, std::move(o)); });
+  }
 
   void reject_inline(detail::Completion<Resp>& done, RejectReason r, std::string message,
                      std::chrono::nanoseconds retry_after = std::chrono::nanoseconds{0}) noexcept {
@@ -1047,7 +1006,7 @@ class Pipeline {
         age += std::chrono::duration<double, BatchDuration::period>(std::chrono::duration<double, std::nano>(ns)).count();
       }
     }
-    occupancy_.enter(now, n, BatchDuration(static_cast<BatchDuration::rep>(age)));
+    ledger_.enter(now, n, BatchDuration(static_cast<BatchDuration::rep>(age)));
   }
 
   // Completes a queued request that will not run. Leaves e gone.
@@ -1060,12 +1019,10 @@ class Pipeline {
   void complete_meta(Meta& m, Error&& err, BatchTime now, bool from_batch, BatchTime formed) noexcept {
     m.cancel.reset();
     const Status s = err.status;
-    count_status(s, err.reason, 1);
+    const RejectReason r = err.reason;
     const auto latency = elapsed(m.arrival, now);
-    admission_->release(std::move(m.ticket), s, latency);
-    if (metrics_) metrics_->hist[Hist::end_to_end]->record(latency);
-    occupancy_.leave(now, 1, from_batch ? 1 : 0, formed, latency);
-    deliver(m.done, Outcome<Resp>(std::move(err)));
+    ledger_.leave(now, 1, from_batch ? 1 : 0, formed, latency);
+    settle(m, s, r, latency, Outcome<Resp>(std::move(err)));
   }
 
   // What the former hands over of a request that will not run: its place goes back to the
@@ -1212,39 +1169,28 @@ class Pipeline {
     counters_.running_batches.fetch_sub(1, std::memory_order_relaxed);
     if (n > 0) {
       counters_.batch_ran(b.reason, n, elapsed(start, end), metrics_.get());
-      const double per_slot = service_.record(n, elapsed(start, end));
+      const double per_slot = ledger_.service().record(n, elapsed(start, end));
       counters_.drain_rate.store(per_slot * static_cast<double>(total_slots_), std::memory_order_relaxed);
     }
     BatchDuration latency_sum{0};
     for (const Meta& m : b.metas) latency_sum += elapsed(m.arrival, end);
-    occupancy_.leave(end, n, n, b.formed, latency_sum);
-    std::uint64_t ok = 0;
-    std::uint64_t cancelled = 0;
-    std::uint64_t failed = 0;
+    ledger_.leave(end, n, n, b.formed, latency_sum);
     for (std::size_t i = 0; i < n; ++i) {
       Meta& m = b.metas[i];
       const bool was_cancelled = m.cancelled();
       m.cancel.reset();
       const auto latency = elapsed(m.arrival, end);
       if (was_cancelled) {
-        ++cancelled;
-        admission_->release(std::move(m.ticket), Status::cancelled, latency);
-        deliver(m.done, Outcome<Resp>(Error{Status::cancelled, RejectReason::none,
-                                            "tailbatch: cancelled; the result was discarded", {}}));
+        settle(m, Status::cancelled, RejectReason::none, latency,
+               Outcome<Resp>(Error{Status::cancelled, RejectReason::none,
+                                   "tailbatch: cancelled; the result was discarded", {}}));
       } else if (threw) {
-        ++failed;
-        admission_->release(std::move(m.ticket), Status::failed, latency);
-        deliver(m.done, Outcome<Resp>(Error{Status::failed, RejectReason::none, error, {}}));
+        settle(m, Status::failed, RejectReason::none, latency,
+               Outcome<Resp>(Error{Status::failed, RejectReason::none, error, {}}));
       } else {
-        ++ok;
-        admission_->release(std::move(m.ticket), Status::ok, latency);
-        deliver(m.done, Outcome<Resp>(std::move(b.resps[i])));
+        settle(m, Status::ok, RejectReason::none, latency, Outcome<Resp>(std::move(b.resps[i])));
       }
-      if (metrics_) metrics_->hist[Hist::end_to_end]->record(latency);
     }
-    count_status(Status::ok, RejectReason::none, ok);
-    count_status(Status::cancelled, RejectReason::none, cancelled);
-    count_status(Status::failed, RejectReason::none, failed);
     const std::size_t dropped = b.dropped.size();
     for (std::size_t i = 0; i < dropped; ++i) {
       const bool was_cancelled = b.dropped_status[i] == Status::cancelled;
@@ -1308,8 +1254,6 @@ class Pipeline {
   Former former_;  // the staged queue and batch formation
   detail::CycleCalibration calibration_;  // the cycle counter's rate, for arrival stamps
   bool finished_ = false;
-  // Requests served per second of model time, per lane slot (the retry-after hint's rate).
-  detail::ServiceRate service_;
   Batch manual_batch_;
   // Requests this turn took off the queue without running, not yet completed.
   std::vector<Dead> dead_;
@@ -1322,10 +1266,9 @@ class Pipeline {
   // Counters (and the drain rate, in_flight, the blocked submitters), read by stats().
   detail::PipelineCounters counters_;
 
-  // The occupancy integrals and the Little's-law check's last reading.
-  detail::OccupancyMeter occupancy_;
-  std::mutex littles_mu_;
-  PipelineOccupancy littles_last_{};
+  // Where every request's life ends: outcome counts, the load integrals and the
+  // Little's-law check, the end-to-end histogram, the service rate (retry-after hint).
+  detail::OutcomeLedger ledger_;
 
   std::mutex shutdown_mu_;
   bool shut_down_ = false;

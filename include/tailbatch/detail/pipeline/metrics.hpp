@@ -26,6 +26,7 @@
 
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/detail/math.hpp>
+#include <tailbatch/detail/outcome_ledger.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/outcome.hpp>
 
@@ -61,17 +62,12 @@ struct PipelineCounters {
   std::atomic<double> drain_rate{0.0};  // requests served per second (detail/service_rate.hpp)
   std::atomic<std::size_t> in_flight{0};
   std::atomic<std::uint64_t> inline_submitted{0};
-  std::array<std::atomic<std::uint64_t>, 5> by_status{};
-  std::array<std::atomic<std::uint64_t>, 5> rejected_by_reason{};
   std::array<std::atomic<std::uint64_t>, dispatch_reason_count> dispatched{};
   std::atomic<std::uint64_t> batched_requests{0};
   std::atomic<std::uint64_t> callback_exceptions{0};
   std::atomic<std::uint64_t> dropped_at_start{0};
   std::atomic<std::uint64_t> submitter_limited{0};
   std::atomic<std::size_t> running_batches{0};  // this Pipeline's batches holding a lane slot
-  // The last check_littles_law()'s result, for the gauges.
-  std::atomic<double> littles_deviation{0.0};
-  std::atomic<bool> littles_suspected{false};
   // Future-returning submits not yet completed; its own cache line, away from what every
   // callback submit touches.
   alignas(64) std::atomic<std::int64_t> future_waiters{0};
@@ -80,10 +76,9 @@ struct PipelineCounters {
     return static_cast<std::size_t>(std::max<std::int64_t>(0, future_waiters.load(std::memory_order_relaxed)));
   }
 
+  // n outcomes, on the metric series (the counts themselves are the OutcomeLedger's).
   void count(Status s, RejectReason r, std::uint64_t n, const PipelineMetrics* m) noexcept {
     if (n == 0) return;
-    by_status[static_cast<std::size_t>(s)].fetch_add(n, std::memory_order_relaxed);
-    if (s == Status::rejected) rejected_by_reason[static_cast<std::size_t>(r)].fetch_add(n, std::memory_order_relaxed);
     if (m != nullptr) {
       if (Counter* c = m->outcomes[pipeline_outcome_index(s, r)]) c->inc(n);
     }
@@ -121,6 +116,7 @@ struct PipelineCounters {
 // queue's type depends on the Pipeline's).
 struct PipelineGaugeSources {
   const PipelineCounters* counters = nullptr;
+  const OutcomeLedger* ledger = nullptr;
   std::size_t max_batch = 1;
   const void* owner = nullptr;
   std::size_t (*queued)(const void* owner) noexcept = nullptr;
@@ -194,11 +190,11 @@ struct PipelineGaugeSources {
       "tailbatch_pipeline_littles_law_deviation",
       "Relative deviation of the time-averaged requests in the pipeline from throughput x mean latency, at the "
       "last check_littles_law()",
-      base, [c] { return c->littles_deviation.load(std::memory_order_relaxed); }));
+      base, [l = src.ledger] { return l != nullptr ? l->littles_deviation() : 0.0; }));
   m->gauges.push_back(r.gauge_callback(
       "tailbatch_pipeline_hidden_queue_suspected",
       "1 when the last check_littles_law() deviated by more than its threshold, else 0", base,
-      [c] { return c->littles_suspected.load(std::memory_order_relaxed) ? 1.0 : 0.0; }));
+      [l = src.ledger] { return l != nullptr && l->hidden_queue_suspected() ? 1.0 : 0.0; }));
   return m;
 }
 
