@@ -6,6 +6,7 @@
 #include <tailbatch/detail/pipeline/batch.hpp>
 #include <tailbatch/detail/pipeline/entry.hpp>
 #include <tailbatch/detail/pipeline/metrics.hpp>
+#include <tailbatch/pipeline_config.hpp>
 #include <tailbatch/detail/outcome_ledger.hpp>
 #include <tailbatch/detail/service_rate.hpp>
 

@@ -15,40 +15,30 @@
 // is a latest start: a request is never started after it), cancelled, or failed (the
 // model threw; the worker lives on).
 //
-// Threads. Config::workers chooses them, the same way as for the ContinuousBatcher: unset,
-// the default for the clock (one per lane slot with SteadyClock, none with any other); 0,
-// none; n, n. The Pipeline owns its worker threads and nothing else starts any: the workers take turns leading batch formation (the
-// leader waits on a condition variable until the policy closes a batch), lease a lane slot
-// for the batch they formed (never while waiting for work: an idle Pipeline holds no
-// slot of lanes it shares), run it and deliver its completions. On Linux each
-// worker sets its own timer slack to 1 ns, so that its timed sleeps end on time. Submitters
-// append to per-thread submit shards and never wait for the leader; a request without a
-// deadline may be stamped with the cycle counter, which the leader converts to clock time
-// (detail/pipeline/cycle_stamp.hpp). With no workers (workers = 0, or
-// unset with ManualClock) the Pipeline starts no thread at all: the caller steps it with
-// poll(), which forms and runs every batch due at the clock's current
-// time in the calling thread. See docs/pipeline.md.
+// Threads. Config::workers chooses them, as for the ContinuousBatcher: unset, the default
+// for the clock (one per lane slot with SteadyClock, none with any other); 0, none; n, n.
+// The Pipeline owns its worker threads and nothing else starts any: the workers take
+// turns leading batch formation (the leader sleeps until the policy closes a batch),
+// lease a lane slot for the batch they formed (never while waiting for work), run it and
+// deliver its completions; each sets its timer slack to 1 ns on Linux. Submitters append
+// to per-thread submit shards and never wait for the leader. With no workers the caller
+// steps it with poll(), in the calling thread. See docs/pipeline.md.
 //
-// Where the parts are (include/tailbatch/detail/):
-//   submit_shards.hpp        where a request is queued: the per-thread submit shards and
-//                            the queue's places (ingress);
-//   pipeline_entry.hpp       what a queued request is (request, completion, deadline,
-//                            cancellation hook, admission ticket, cost);
-//   queue_staging.hpp,       where a batch is formed: the staged queue, the purge of
-//   batch_former.hpp         expired and cancelled requests, the policy's decision;
-//   pipeline_batch.hpp       the formed batch and the check, as a lane starts it, that
-//                            drops what may no longer start;
-//   leader_signal.hpp        how the batch leader sleeps and who wakes it;
-//   pipeline_completion.hpp  how a result is delivered (future or callback);
-//   pipeline_metrics.hpp     what is counted and exported (tailbatch_pipeline_*);
-//   pipeline_occupancy.hpp   the time integrals behind occupancy() and the Little's-law check.
-// This file composes them: the public API and its types, the leader's turn (ingest, purge,
-// decide, lease a lane, or sleep), execution and completion. It stays longer than the
-// core's usual 700 lines: its first 500 lines are the public API with its documentation
-// (this overview, the configuration, stats and occupancy types, and the members users
-// call), and the other 800 are the one place where every outcome is counted, timed and
-// released to the admission policy: splitting those further would pass the Pipeline's
-// state around rather than hide it.
+// A request's walk, one part each (detail/ unless named):
+//   request_intake.hpp       SubmitOptions -> arrival, deadline, level, or a refusal;
+//   pipeline/submit_shards   where it is queued (per-thread shards, the queue's places),
+//     pipeline/entry         as what (request, completion, deadline, ticket, cost),
+//     pipeline/cycle_stamp   with which arrival stamp;
+//   pipeline/batch_former    where a batch is formed (queue_staging: the staged queue,
+//                            the purge of the dead, the policy's decision);
+//   pipeline/batch           the formed batch, checked again as its lane starts it;
+//   outcome_ledger.hpp       where its life ends: counted, its admission released, its
+//                            latency recorded, its completion (pipeline/completion)
+//                            delivered, exactly once; the load and the service rate.
+// Beside them: pipeline/leader_signal (the leader's sleep), pipeline/metrics (what is
+// exported), pipeline/validate (the constructor's checks); pipeline_config.hpp holds the
+// public types. This file composes them: the public API, the leader's turn (ingest,
+// purge, decide, lease a lane, or sleep) and execution.
 #pragma once
 
 #include <algorithm>
@@ -90,8 +80,8 @@
 #include <tailbatch/detail/pipeline/completion.hpp>
 #include <tailbatch/detail/pipeline/entry.hpp>
 #include <tailbatch/detail/pipeline/metrics.hpp>
-#include <tailbatch/detail/pipeline/occupancy.hpp>
 #include <tailbatch/detail/pipeline/submit_shards.hpp>
+#include <tailbatch/detail/pipeline/validate.hpp>
 #include <tailbatch/detail/pipeline/batch_former.hpp>
 #include <tailbatch/detail/request_intake.hpp>
 #include <tailbatch/detail/outcome_ledger.hpp>
@@ -101,124 +91,15 @@
 #include <tailbatch/littles_law.hpp>
 #include <tailbatch/load.hpp>
 #include <tailbatch/outcome.hpp>
+#include <tailbatch/pipeline_config.hpp>
 #include <tailbatch/submit_options.hpp>
 
 namespace tailbatch {
 
-// Per-request options: SubmitOptions (submit_options.hpp), shared with the
-// ContinuousBatcher.
-
-// Pipeline configuration. Bad values make the Pipeline constructor throw
-// std::invalid_argument naming the field ("Pipeline: queue_capacity must be >= 1").
-template <class Req>
-struct PipelineConfig {
-  // The most requests waiting at once (not yet in a batch). A submit beyond it completes
-  // at once with rejected/queue_full and a retry-after hint. Never exceeded. Each submit
-  // shard claims places a few at a time, so with several submitting threads a submit may
-  // be refused while places that other threads' shards have claimed (together less than
-  // 1/16 of the capacity) are still unused; with one, the queue holds exactly this many.
-  std::size_t queue_capacity = 4096;
-  // Worker threads, started by the constructor. Unset: the default for the clock, one per
-  // lane slot (lanes.size() x lanes.lane_capacity()) with SteadyClock, 0 with any other.
-  // 0: no threads, the caller drives poll(). Workers sleep on the real clock, so a value
-  // above 0 needs SteadyClock (std::invalid_argument "workers" otherwise). Same field,
-  // same meaning, in ContinuousBatcherConfig.
-  std::optional<std::size_t> workers{};
-  // On shutdown, queued requests are still run for at most this long; what is left then
-  // completes with rejected/shutting_down.
-  std::chrono::nanoseconds drain_timeout = std::chrono::seconds(5);
-  // A lower priority whose next request has waited this long is served before higher
-  // ones, so that it is never starved.
-  std::chrono::nanoseconds starvation_limit = std::chrono::milliseconds(50);
-  // Worker threads only: the leader wakes this long before a window closes and spins
-  // until it does, so that a batch leaves on time rather than late by the OS's timer
-  // latency. Costs at most this much processor time per window that closes by time.
-  // Zero: plain timed sleep.
-  std::chrono::nanoseconds dispatch_spin = std::chrono::microseconds(100);
-  // Submitters append to one of this many separately locked queues, which the batch
-  // leader merges. A thread claims one of its own on its first submit while any is free
-  // near its id's hash, else shares that one; either way it keeps to one, so its requests
-  // stay in order. More of them: less contention between threads that submit at the
-  // same moment. 0: automatic, 4 per hardware thread, from 16 to 64. At most 64.
-  std::size_t submit_shards = 0;
-  // A request's cost (its length in tokens); required by policies that read it
-  // (TokenBudget), unused otherwise. Called once per submit; must be thread-safe.
-  std::function<std::size_t(const Req&)> request_cost{};
-  // When the admission policy reports a limit (max_limit() or limit()) below
-  // max_batch x lanes, the Pipeline could never fill a batch on every lane: the
-  // constructor throws unless this is false.
-  bool check_admission_limit = true;
-  // Metrics (tailbatch_pipeline_*), registered at construction with metric_labels added
-  // to each. nullptr: none, at no cost. The registry must outlive the Pipeline.
-  PipelineMetricsTarget metrics = nullptr;
-  Labels metric_labels{};
-  // Where the Pipeline writes the few lines it has to say: the one-time warning that
-  // callers blocked on futures limit the batch size, and the Little's-law check's finding
-  // of a hidden queue. One line per call, without a trailing newline. Called from a
-  // worker thread (or the thread calling poll() or check_littles_law()), possibly from
-  // several at once: it must be thread-safe, quick, and should not throw (what it throws
-  // is dropped). Unset (the default): nothing is written anywhere.
-  std::function<void(std::string_view)> log{};
-};
-
-// Counts since construction: the outcome counts every front door shares (OutcomeCounts,
-// outcome.hpp: submitted, by_status, rejected_by_reason, count(), completed()) and the
-// Pipeline's own. Exact once shutdown() has returned; while the Pipeline runs a snapshot
-// in which the counters may disagree by requests in transit.
-struct PipelineStats : OutcomeCounts {
-  std::array<std::uint64_t, dispatch_reason_count> batches_by_reason{};  // indexed by DispatchReason
-  std::uint64_t batched_requests = 0;      // requests executed in batches (without padding)
-  std::uint64_t callback_exceptions = 0;   // completion callbacks that threw
-  // Requests that were in a formed batch but had passed their deadline (or were
-  // cancelled) when the batch was handed to its lane: they were not executed.
-  std::uint64_t dropped_at_start = 0;
-  // Batches that looked limited by callers blocked on futures (see
-  // Pipeline::blocked_submitters_approx()).
-  std::uint64_t submitter_limited_batches = 0;
-  std::size_t blocked_submitters = 0;      // future-returning submits not yet completed
-  std::size_t queued = 0;
-  std::size_t in_flight = 0;
-
-  using OutcomeCounts::count;
-  [[nodiscard]] std::uint64_t count(DispatchReason r) const noexcept {
-    return batches_by_reason[static_cast<std::size_t>(r)];
-  }
-  [[nodiscard]] std::uint64_t batches() const noexcept {
-    std::uint64_t n = 0;
-    for (auto c : batches_by_reason) n += c;
-    return n;
-  }
-};
-
-// The Pipeline's load (load(), load_between(), check_littles_law()) has the shape every
-// front door shares: LoadReading and LoadWindow (load.hpp).
-
-// What one poll() did.
-struct PipelinePollResult {
-  std::size_t batches = 0;                 // batches formed and run by this call
-  BatchTime next_due = BatchTime::max();   // when a batch may next be due without new arrivals
-};
-// The old name compiles, with a deprecation warning, until the next minor version (CHANGELOG.md).
-using PollResult [[deprecated("renamed PipelinePollResult")]] = PipelinePollResult;
-
-namespace detail {
-
-template <class C>
-inline constexpr bool is_real_time_clock = std::is_same_v<C, SteadyClock>;
-
-// The admission policy's limit, when it has an observer for one.
-template <class A>
-std::optional<std::uint64_t> admission_limit(const A& a) noexcept {
-  if constexpr (requires { { a.max_limit() } -> std::convertible_to<std::uint64_t>; }) {
-    return static_cast<std::uint64_t>(a.max_limit());
-  } else if constexpr (requires { { a.limit() } -> std::convertible_to<std::uint64_t>; }) {
-    return static_cast<std::uint64_t>(a.limit());
-  } else {
-    return std::nullopt;
-  }
-}
-
-}  // namespace detail
+// The configuration, statistics and poll result: pipeline_config.hpp. Per-request
+// options: SubmitOptions (submit_options.hpp), shared with the ContinuousBatcher. The
+// load (load(), load_between(), check_littles_law()): LoadReading and LoadWindow
+// (load.hpp), the shape every front door shares.
 
 // A dynamic batcher around a model call.
 //
@@ -447,6 +328,8 @@ class Pipeline {
     return s;
   }
 
+  // The configuration, as given. Thread-safe.
+  [[nodiscard]] const Config& config() const noexcept { return config_; }
   // The policy, lanes, admission policy and clock in use. Thread-safe.
   [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
   [[nodiscard]] Lanes& lanes() noexcept { return *lanes_; }
@@ -501,8 +384,8 @@ class Pipeline {
         owned_admission_(std::move(own_admission)),
         admission_(owned_admission_ ? owned_admission_.get() : admission),
         max_batch_(policy_.max_batch()),
-        shards_(config_.submit_shards, priority_levels * bucket_count(policy_), config_.queue_capacity),
-        former_(policy_, bucket_count(policy_), config_.starvation_limit,
+        shards_(config_.submit_shards, priority_levels * detail::policy_bucket_count(policy_), config_.queue_capacity),
+        former_(policy_, detail::policy_bucket_count(policy_), config_.starvation_limit,
                 lanes_ != nullptr ? lanes_->size() * lanes_->lane_capacity() : 1),
         ledger_(clock_.now()) {
     validate();
@@ -539,60 +422,9 @@ class Pipeline {
 #endif
   }
 
-  static std::size_t bucket_count(const Policy& p) noexcept {
-    if constexpr (BucketedBatchPolicy<Policy>) {
-      return std::max<std::size_t>(1, p.bucket_count());
-    } else {
-      return 1;
-    }
-  }
-
   [[gnu::cold]] void validate() {
-    if (!model_) detail::throw_invalid_argument("Pipeline: model must be set");
-    if (lanes_ == nullptr) detail::throw_invalid_argument("Pipeline: lanes must be set");
-    if (admission_ == nullptr) detail::throw_invalid_argument("Pipeline: admission must be set");
-    if (max_batch_ < 1) detail::throw_invalid_argument("Pipeline: policy max_batch must be >= 1");
-    if (config_.queue_capacity < 1) detail::throw_invalid_argument("Pipeline: queue_capacity must be >= 1");
-    if (config_.drain_timeout < std::chrono::nanoseconds::zero()) {
-      detail::throw_invalid_argument("Pipeline: drain_timeout must be >= 0");
-    }
-    if (config_.starvation_limit <= std::chrono::nanoseconds::zero()) {
-      detail::throw_invalid_argument("Pipeline: starvation_limit must be > 0");
-    }
-    if (config_.dispatch_spin < std::chrono::nanoseconds::zero()) {
-      detail::throw_invalid_argument("Pipeline: dispatch_spin must be >= 0");
-    }
-    if (config_.submit_shards > Shards::max_shards) {
-      detail::throw_invalid_argument("Pipeline: submit_shards must be at most 64 (0: automatic)");
-    }
-    if (lanes_->size() < 1) detail::throw_invalid_argument("Pipeline: lanes must have size() >= 1");
-    if (lanes_->lane_capacity() < 1) detail::throw_invalid_argument("Pipeline: lanes must have lane_capacity() >= 1");
-    if constexpr (!detail::is_real_time_clock<C>) {
-      if (config_.workers.value_or(0) != 0) {
-        detail::throw_invalid_argument("Pipeline: workers must be 0 with a clock other than SteadyClock");
-      }
-    }
-    if constexpr (detail::policy_uses_cost<Policy>()) {
-      if (!config_.request_cost) {
-        detail::throw_invalid_argument("Pipeline: request_cost must be set for a policy that reads request cost");
-      }
-    }
-    if constexpr (requires { { policy_.may_pad() } -> std::convertible_to<bool>; }) {
-      if (!std::copy_constructible<Req> && policy_.may_pad()) {
-        detail::throw_invalid_argument(
-            "Pipeline: a padding policy needs a copy-constructible request type (or Fill::exact)");
-      }
-    }
-    if (config_.check_admission_limit) {
-      if (const auto limit = detail::admission_limit(*admission_)) {
-        const std::uint64_t need = static_cast<std::uint64_t>(max_batch_) * lanes_->size();
-        if (*limit < need) {
-          detail::throw_invalid_argument(
-              "Pipeline: the admission limit is below max_batch x lanes, so batches could never fill every "
-              "lane; raise the limit, lower max_batch, or set check_admission_limit = false");
-        }
-      }
-    }
+    detail::validate_pipeline<C>(config_, static_cast<bool>(model_), policy_, lanes_, admission_, max_batch_,
+                                 Shards::max_shards);
   }
 
   // ---- submit side -------------------------------------------------------------------
@@ -993,20 +825,9 @@ class Pipeline {
   // Enters the requests taken from the shards into the occupancy integrals, each from its
   // submit time. (now, cycles): a reading of the clock and the counter taken after the take.
   void note_entered(const detail::EnteredSums& in, BatchTime now, [[maybe_unused]] std::uint64_t cycles) noexcept {
-    const std::uint64_t n = in.ns_count + in.cycles_count;
-    if (n == 0) return;
-    // The sums of ages: n x now - sum of submit times, exact modulo 2^64 (and small).
-    const auto now_ticks = static_cast<std::uint64_t>(now.time_since_epoch().count());
-    double age = static_cast<double>(std::max<std::int64_t>(
-        0, static_cast<std::int64_t>(in.ns_count * now_ticks - in.ns_sum)));
-    if constexpr (cycle_stamps) {
-      if (in.cycles_count > 0) {
-        const auto ticks = static_cast<std::int64_t>(in.cycles_count * cycles - in.cycles_sum);
-        const double ns = static_cast<double>(std::max<std::int64_t>(0, ticks)) * calibration_.ns_per_cycle();
-        age += std::chrono::duration<double, BatchDuration::period>(std::chrono::duration<double, std::nano>(ns)).count();
-      }
-    }
-    ledger_.enter(now, n, BatchDuration(static_cast<BatchDuration::rep>(age)));
+    double ns_per_cycle = 0.0;
+    if constexpr (cycle_stamps) ns_per_cycle = calibration_.ns_per_cycle();
+    ledger_.enter(now, in.ns_count + in.cycles_count, detail::entered_age_sum(in, now, cycles, ns_per_cycle));
   }
 
   // Completes a queued request that will not run. Leaves e gone.
@@ -1144,7 +965,7 @@ class Pipeline {
     counters_.running_batches.fetch_add(1, std::memory_order_relaxed);
     const BatchTime start = clock_.now();
     if (start > b.earliest_deadline || b.cancellable) {
-      counters_.dropped_at_start.fetch_add(b.drop_unstartable(start, policy_pads()), std::memory_order_relaxed);
+      counters_.dropped_at_start.fetch_add(b.drop_unstartable(start, detail::policy_pads(policy_)), std::memory_order_relaxed);
     }
     const std::size_t n = b.metas.size();
     bool threw = false;
@@ -1207,14 +1028,6 @@ class Pipeline {
     if (b.warn_submitters) {
       b.warn_submitters = false;
       warn_submitter_limit(b.blocked);
-    }
-  }
-
-  [[nodiscard]] bool policy_pads() const noexcept {
-    if constexpr (requires { { policy_.may_pad() } -> std::convertible_to<bool>; }) {
-      return policy_.may_pad();
-    } else {
-      return false;
     }
   }
 

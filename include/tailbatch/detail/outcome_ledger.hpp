@@ -20,7 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
-#include <tailbatch/detail/pipeline/occupancy.hpp>
+#include <tailbatch/detail/occupancy.hpp>
 #include <tailbatch/detail/service_rate.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/littles_law.hpp>

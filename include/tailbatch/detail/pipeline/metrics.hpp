@@ -208,38 +208,3 @@ struct PipelineGaugeSources {
 }
 
 }  // namespace tailbatch::detail
-
-namespace tailbatch {
-
-// PipelineConfig::metrics: the registry a Pipeline registers its metrics with, or none.
-// Assigned and compared like a MetricsRegistry* (`config.metrics = &registry;`,
-// `config.metrics != nullptr`). Assigning a registry also takes the address of the
-// registering code, so that code is compiled only where some Pipeline is given a
-// registry. Never throws. Thread-safe (a value).
-class PipelineMetricsTarget {
- public:
-  using Register = std::unique_ptr<detail::PipelineMetrics> (*)(MetricsRegistry&, const Labels&,
-                                                                const detail::PipelineGaugeSources&);
-
-  constexpr PipelineMetricsTarget() noexcept = default;
-  constexpr PipelineMetricsTarget(std::nullptr_t) noexcept {}  // NOLINT: as a pointer is
-  PipelineMetricsTarget(MetricsRegistry* registry) noexcept  // NOLINT: as a pointer is
-      : registry_(registry), register_(registry != nullptr ? &detail::register_pipeline_metrics : nullptr) {}
-
-  [[nodiscard]] MetricsRegistry* get() const noexcept { return registry_; }
-  operator MetricsRegistry*() const noexcept { return registry_; }  // NOLINT: as a pointer is
-  MetricsRegistry* operator->() const noexcept { return registry_; }
-
-  // Registers the Pipeline's series; nullptr when there is no registry.
-  [[nodiscard]] std::unique_ptr<detail::PipelineMetrics> register_pipeline(
-      const Labels& labels, const detail::PipelineGaugeSources& sources) const {
-    if (registry_ == nullptr || register_ == nullptr) return nullptr;
-    return register_(*registry_, labels, sources);
-  }
-
- private:
-  MetricsRegistry* registry_ = nullptr;
-  Register register_ = nullptr;
-};
-
-}  // namespace tailbatch
