@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -134,6 +135,87 @@ TEST_CASE("bad configuration throws std::invalid_argument naming the field", "[c
   c.workers = 2;
   CHECK(message(c) == "ContinuousBatcher: workers must be 0 or 1");
   CHECK_THROWS_AS(Batcher(nullptr, config(4), ManualClock{}), std::invalid_argument);
+}
+
+TEST_CASE("the queue_full hint comes from recent steps, not from idle time", "[continuous_batcher]") {
+  Recorder rec;  // each step takes 1 ms
+  auto c = config(1);
+  c.queue_capacity = 2;
+  Batcher b(rec.fn(), c, rec.clock);
+  auto refused_hint = [&] {
+    auto x = b.submit(req(0, 1));
+    auto y = b.submit(req(0, 1));
+    auto z = b.submit(req(0, 1));
+    REQUIRE(z->closed());
+    CHECK(z->end()->reason == RejectReason::queue_full);
+    run_all(b);
+    CHECK(x->end()->ok());
+    CHECK(y->end()->ok());
+    return z->end()->retry_after;
+  };
+  (void)refused_hint();  // measured: one sequence finished per 1 ms step
+  rec.clock.advance(20s);
+  CHECK(refused_hint() == 1ms);
+  rec.clock.advance(20s);
+  CHECK(refused_hint() == 1ms);
+}
+
+TEST_CASE("slow callbacks of expired sequences run after the step, not before admission", "[continuous_batcher]") {
+  // 300 waiting sequences expired; each one's on_end takes 20 us (it advances the manual
+  // clock): 6 ms in all. The live one's deadline is the poll's time; it is admitted and
+  // stepped first, and the callbacks run after the step.
+  Recorder rec;
+  rec.step_time = 0ms;
+  Batcher b(rec.fn(), config(4), rec.clock);
+  const auto t0 = rec.clock.now();
+  int expired = 0;
+  for (int i = 0; i < 300; ++i) {
+    tailbatch::StreamCallbacks<int> cb;
+    cb.on_end = [&](const tailbatch::StreamEnd& e) {
+      expired += e.status == Status::deadline_exceeded ? 1 : 0;
+      rec.clock.advance(20us);
+    };
+    SubmitOptions o;
+    o.deadline = t0 + 1ms;
+    (void)b.submit(req(0, 1), o, std::move(cb));
+  }
+  rec.clock.advance(2ms);
+  SubmitOptions live_options;
+  live_options.deadline = rec.clock.now();
+  auto live = b.submit(req(0, 1), live_options);
+  (void)b.poll();
+  CHECK(expired == 300);
+  REQUIRE(live->closed());
+  CHECK(live->end()->ok());
+  CHECK(rec.clock.now() == t0 + 8ms);
+}
+
+TEST_CASE("bad per-request stream options are the request's outcome, not a throw", "[continuous_batcher]") {
+  Recorder rec;
+  Batcher b(rec.fn(), config(4), rec.clock);
+  auto r = req(2, 3);
+  r.stream = tailbatch::TokenStreamerConfig{};
+  r.stream->capacity = 0;
+  std::shared_ptr<Batcher::Stream> bad;
+  CHECK_NOTHROW(bad = b.submit(std::move(r)));
+  REQUIRE(bad->end().has_value());
+  CHECK(bad->end()->status == Status::failed);
+  CHECK(bad->end()->message == "ContinuousBatcher: request.stream.capacity must be >= 1");
+  // Callback mode hears of it through on_end, in this thread.
+  auto r2 = req(2, 3);
+  r2.stream = tailbatch::TokenStreamerConfig{};
+  r2.stream->coalesce_interval = -1ms;
+  std::optional<Status> ended;
+  tailbatch::StreamCallbacks<int> cb;
+  cb.on_end = [&](const tailbatch::StreamEnd& e) { ended = e.status; };
+  (void)b.submit(std::move(r2), SubmitOptions{}, std::move(cb));
+  CHECK(ended == Status::failed);
+  // Counted, and the batcher carries on.
+  auto good = b.submit(req(2, 3));
+  run_all(b);
+  CHECK(good->end()->ok());
+  CHECK(b.stats().count(Status::failed) == 2);
+  CHECK(b.stats().submitted == 3);
 }
 
 TEST_CASE("sequences decode in one batch; tokens in order, exactly once; each ends ok",
@@ -499,6 +581,39 @@ TEST_CASE("admission reads the clock after the retirements' callbacks: never adm
   CHECK(second->end()->status == Status::deadline_exceeded);
   CHECK(second->end()->tokens == 0);
   CHECK(rec.steps.size() == 1);  // only first's step ran
+}
+
+TEST_CASE("load(), load_between() and check_littles_law(): the Pipeline's shape on the batcher",
+          "[continuous_batcher]") {
+  Recorder rec;
+  rec.step_time = 10ms;
+  Batcher b(rec.fn(), config(1), rec.clock);
+  const tailbatch::LoadReading start = b.load();
+  auto a = b.submit(req(0, 2));  // waiting 0 ms, active 0-20 ms
+  auto c = b.submit(req(0, 1));  // waits 0-20 ms, active 20-30 ms
+  run_all(b);
+  rec.clock.advance(10ms);
+  const tailbatch::LoadReading end = b.load();
+  CHECK(end.at - start.at == 40ms);
+  CHECK(end.completed == 2);
+  CHECK(end.in_system_s == Approx(0.050));
+  CHECK(end.executing_s == Approx(0.030));  // the active set: a 20 ms, c 10 ms
+  CHECK(end.latency_s == Approx(0.050));
+  const tailbatch::LoadWindow w = tailbatch::load_between(start, end);
+  CHECK(w.mean_in_system == Approx(1.25));
+  CHECK(w.mean_executing == Approx(0.75));
+  CHECK(w.mean_queued == Approx(0.5));
+  CHECK(w.throughput_per_s == Approx(50.0));
+  CHECK(w.mean_latency == 25ms);
+  // The batcher's own check: L = lambda x W holds over its own measurements.
+  const tailbatch::LittlesLawCheck check = b.check_littles_law();
+  CHECK_FALSE(check.hidden_queue_suspected);
+  CHECK(check.predicted_in_flight == Approx(1.25));
+  CHECK_THROWS_AS(b.check_littles_law(0.0), std::invalid_argument);
+  // The stats carry the same integrals.
+  const auto st = b.stats();
+  CHECK(st.in_flight_seconds == Approx(end.in_system_s));
+  CHECK(st.departed == end.completed);
 }
 
 TEST_CASE("load: time-averaged in flight and throughput over a window feed the Little's-law check",

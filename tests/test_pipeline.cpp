@@ -383,12 +383,53 @@ TEST_CASE("Pipeline (manual): a callback that throws is counted and affects noth
   CHECK(p.stats().completed() == p.stats().submitted);
 }
 
+TEST_CASE("Pipeline (manual): the retry-after hint comes from recent service, not from idle time") {
+  ManualClock clock;
+  ManualPipeline<>::Config cfg;
+  cfg.queue_capacity = 16;
+  // A batch of 8 takes 1 ms: 8000 requests per second, so 16 queued empty in 2 ms.
+  ManualPipeline<> p(
+      [&](std::span<const int> in, std::span<int> out, HostLane&) {
+        for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i];
+        clock.advance(1ms);
+      },
+      FixedWindow{8, 1ms}, cfg, clock);
+  auto fill_and_refuse = [&] {
+    std::vector<std::future<Outcome<int>>> f;
+    for (int i = 0; i < 16; ++i) f.push_back(p.submit(i));
+    auto refused = p.submit(99);
+    REQUIRE(ready(refused));
+    const Outcome<int> o = refused.get();
+    CHECK(o.reason() == RejectReason::queue_full);
+    CHECK(p.poll().batches == 2);
+    for (auto& x : f) CHECK(x.get().ok());
+    return o.retry_after();
+  };
+  // Idle 20 s from construction, then one batch: the first measurement.
+  clock.advance(20s);
+  std::vector<std::future<Outcome<int>>> first;
+  for (int i = 0; i < 8; ++i) first.push_back(p.submit(i));
+  CHECK(p.poll().batches == 1);
+  CHECK(fill_and_refuse() == 2ms);
+  // Busy, then idle 20 s, then busy again: the same hint.
+  clock.advance(20s);
+  CHECK(fill_and_refuse() == 2ms);
+  clock.advance(20s);
+  CHECK(fill_and_refuse() == 2ms);
+}
+
 TEST_CASE("Pipeline (manual): a full queue rejects at once with a retry-after from the drain rate") {
   ManualClock clock;
   Log log;
   ManualPipeline<>::Config cfg;
   cfg.queue_capacity = 4;
-  ManualPipeline<> p(log.model(), FixedWindow{2, 1ms}, cfg, clock);
+  // Each batch of 2 takes 5 ms of model time: 400 requests per second of service.
+  ManualPipeline<> p(
+      [&](std::span<const int> in, std::span<int> out, HostLane& lane) {
+        log.model()(in, out, lane);
+        clock.advance(5ms);
+      },
+      FixedWindow{2, 1ms}, cfg, clock);
   std::vector<std::future<Outcome<int>>> f;
   f.push_back(p.submit(1));
   f.push_back(p.submit(2));
@@ -396,7 +437,7 @@ TEST_CASE("Pipeline (manual): a full queue rejects at once with a retry-after fr
   clock.advance(10ms);
   f.push_back(p.submit(3));
   f.push_back(p.submit(4));
-  CHECK(p.poll().batches == 1);  // 4 requests in 10 ms: 400 per second
+  CHECK(p.poll().batches == 1);  // 2 requests per 5 ms of model time: 400 per second
   CHECK(p.drain_rate_approx() == Approx(400.0));
   for (int i = 0; i < 4; ++i) f.push_back(p.submit(i));
   auto rejected = p.submit(99);

@@ -6,11 +6,15 @@
 #include <tailbatch/detail/pipeline/batch.hpp>
 #include <tailbatch/detail/pipeline/entry.hpp>
 #include <tailbatch/detail/pipeline/metrics.hpp>
+#include <tailbatch/pipeline_config.hpp>
+#include <tailbatch/detail/outcome_ledger.hpp>
+#include <tailbatch/detail/service_rate.hpp>
 
 #include <tailbatch/admission.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/outcome.hpp>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -166,37 +170,38 @@ TEST_CASE("LeaderSignal: an urgent arrival wakes the sleeper alone", "[pipeline_
   CHECK(woke.load());
 }
 
-TEST_CASE("PipelineCounters and DrainRate", "[pipeline_parts]") {
+TEST_CASE("PipelineCounters and ServiceRate", "[pipeline_parts]") {
   detail::PipelineCounters c;
-  c.count(Status::rejected, RejectReason::queue_full, 2, nullptr);
-  c.count(Status::ok, RejectReason::none, 0, nullptr);  // nothing
-  CHECK(c.by_status[static_cast<std::size_t>(Status::rejected)].load() == 2);
-  CHECK(c.rejected_by_reason[static_cast<std::size_t>(RejectReason::queue_full)].load() == 2);
-  CHECK(c.by_status[static_cast<std::size_t>(Status::ok)].load() == 0);
+  detail::OutcomeLedger ledger(t0);
+  ledger.count(Status::rejected, RejectReason::queue_full, 2);
+  ledger.count(Status::ok, RejectReason::none, 0);  // nothing
+  std::array<std::uint64_t, 5> by_status{};
+  std::array<std::uint64_t, 5> by_reason{};
+  ledger.fill(by_status, by_reason);
+  CHECK(by_status[static_cast<std::size_t>(Status::rejected)] == 2);
+  CHECK(by_reason[static_cast<std::size_t>(RejectReason::queue_full)] == 2);
+  CHECK(by_status[static_cast<std::size_t>(Status::ok)] == 0);
   c.batch_ran(DispatchReason::size, 8, 1ms, nullptr);
   c.batch_ran(DispatchReason::window, 4, 1ms, nullptr);
   CHECK(c.fill_ratio(8) == 0.75);
   c.future_waiters.store(-3);
   CHECK(c.blocked_submitters() == 0);
 
-  CHECK(detail::DrainRate::retry_after(0.0, 100) == 0ns);
-  CHECK(detail::DrainRate::retry_after(1000.0, 100) == 100ms);
-  CHECK(detail::DrainRate::retry_after(1000.0, 0) == 1ms);      // at least one
-  CHECK(detail::DrainRate::retry_after(1.0, 1000) == 60s);      // capped
-  detail::DrainRate rate;
-  std::atomic<double> out{0.0};
-  rate.start(t0);
-  rate.update(5, t0 + 5ms, out);  // under 10 ms: not yet a sample
-  CHECK(out.load() == 0.0);
-  rate.update(5, t0 + 10ms, out);  // 10 requests in 10 ms
-  CHECK((out.load() > 999.999 && out.load() < 1000.001));
-  rate.update(30, t0 + 20ms, out);  // 3000/s, averaged with the last
-  CHECK((out.load() > 1999.999 && out.load() < 2000.001));
+  CHECK(detail::ServiceRate::retry_after(0.0, 100) == 0ns);
+  CHECK(detail::ServiceRate::retry_after(1000.0, 100) == 100ms);
+  CHECK(detail::ServiceRate::retry_after(1000.0, 0) == 1ms);  // at least one
+  CHECK(detail::ServiceRate::retry_after(1.0, 1000) == 60s);  // capped
+  detail::ServiceRate rate;
+  CHECK(rate.record(5, 0ns) == 0.0);  // no busy time: no rate
+  CHECK(rate.record(10, 10ms) == Approx(1000.0));
+  // 30 in 10 ms: the earlier report kept at 3/4 weight, (7.5 + 30) / (7.5 ms + 10 ms).
+  CHECK(rate.record(30, 10ms) == Approx(37.5 / 0.0175));
+  CHECK(rate.rate() == Approx(37.5 / 0.0175));
 }
 
 TEST_CASE("PipelineMetricsTarget: registers through the registry it was given, or not at all", "[pipeline_parts]") {
   detail::PipelineCounters c;
-  const detail::PipelineGaugeSources src{&c, 8, nullptr, [](const void*) noexcept { return std::size_t{5}; }};
+  const detail::PipelineGaugeSources src{&c, nullptr, 8, nullptr, [](const void*) noexcept { return std::size_t{5}; }};
   PipelineMetricsTarget none = nullptr;
   const bool none_is_null = none == nullptr;  // compares as a pointer does
   CHECK(none_is_null);

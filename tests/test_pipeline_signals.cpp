@@ -224,7 +224,7 @@ TEST_CASE("Pipeline signals: occupancy integrals give L, lambda and W over a win
   CHECK(end.completed == 200);
   const OccupancyWindow w = occupancy_between(start, end);
   CHECK(w.window == 1s);
-  CHECK(w.mean_in_pipeline == Approx(0.8));
+  CHECK(w.mean_in_system == Approx(0.8));
   CHECK(w.mean_executing == Approx(0.8));
   CHECK(w.mean_queued == Approx(0.0).margin(1e-9));
   CHECK(w.throughput_per_s == Approx(200.0));
@@ -252,7 +252,7 @@ TEST_CASE("Pipeline signals: queued time counts in L; a queue before submit show
     clock.advance(4ms);
   }
   const OccupancyWindow w1 = occupancy_between(PipelineOccupancy{t0, 0, 0, 0, 0}, p.occupancy());
-  CHECK(w1.mean_in_pipeline == Approx(0.6));
+  CHECK(w1.mean_in_system == Approx(0.6));
   CHECK(w1.mean_queued == Approx(0.6));
   CHECK(w1.mean_latency == 6ms);
   LittlesLawCheck c = p.check_littles_law();

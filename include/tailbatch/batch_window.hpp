@@ -407,6 +407,8 @@ class TokenBudget {
   [[nodiscard]] std::size_t budget() const noexcept { return budget_; }
   [[nodiscard]] std::size_t max_batch() const noexcept { return max_batch_; }
   [[nodiscard]] BatchDuration max_wait() const noexcept { return max_wait_; }
+  // The configuration it was built with (copies the bucket bounds: allocates). Thread-safe.
+  [[nodiscard]] Config config() const { return Config{budget_, max_batch_, max_wait_, bounds_}; }
   // Arrival order within a bucket. Thread-safe.
   [[nodiscard]] BatchOrder order() const noexcept { return BatchOrder::fifo; }
   // The largest single request that fits: the budget. Thread-safe.
@@ -521,6 +523,8 @@ class DeadlineAware {
   [[nodiscard]] std::size_t max_batch() const noexcept { return max_batch_; }
   [[nodiscard]] BatchDuration max_wait() const noexcept { return max_wait_; }
   [[nodiscard]] BatchDuration margin() const noexcept { return margin_; }
+  // The configuration it was built with. Thread-safe.
+  [[nodiscard]] Config config() const noexcept { return Config{max_batch_, max_wait_, margin_}; }
   // Earliest deadline first. Thread-safe.
   [[nodiscard]] BatchOrder order() const noexcept { return BatchOrder::earliest_deadline; }
 

@@ -83,9 +83,13 @@
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/continuous/waiting.hpp>
 #include <tailbatch/detail/math.hpp>
+#include <tailbatch/detail/request_intake.hpp>
+#include <tailbatch/detail/outcome_ledger.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/detail/time.hpp>
 #include <tailbatch/latency_histogram.hpp>
+#include <tailbatch/littles_law.hpp>
+#include <tailbatch/load.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/outcome.hpp>
 #include <tailbatch/submit_options.hpp>
@@ -143,30 +147,15 @@ struct ContinuousBatcherPollResult {
   bool failed = false;          // step() threw
 };
 
-// Totals since construction, in the same shape as PipelineStats: outcome counts in arrays
-// indexed by Status and RejectReason, read with count(). Exact once shutdown() has
+// Totals since construction: the outcome counts every front door shares (OutcomeCounts,
+// outcome.hpp, as PipelineStats), and the batcher's own. Exact once shutdown() has
 // returned; while the batcher runs the counters are read without a lock (each racy with the
 // others); the four load fields are read together under the batcher's lock, so they are
 // consistent with one another.
-struct ContinuousBatcherStats {
-  std::uint64_t submitted = 0;
-  std::array<std::uint64_t, 5> by_status{};          // sequences completed, indexed by Status
-  std::array<std::uint64_t, 5> rejected_by_reason{};  // indexed by RejectReason
+struct ContinuousBatcherStats : OutcomeCounts {
   std::uint64_t admitted = 0;                         // sequences moved into the active set
   std::uint64_t steps = 0;                            // step() calls
   std::uint64_t tokens = 0;                           // tokens emitted
-
-  // Sequences completed with this status / rejected for this reason. Never blocks.
-  [[nodiscard]] std::uint64_t count(Status s) const noexcept { return by_status[static_cast<std::size_t>(s)]; }
-  [[nodiscard]] std::uint64_t count(RejectReason r) const noexcept {
-    return rejected_by_reason[static_cast<std::size_t>(r)];
-  }
-  // Sequences completed with any status. Never blocks.
-  [[nodiscard]] std::uint64_t completed() const noexcept {
-    std::uint64_t n = 0;
-    for (std::uint64_t c : by_status) n += c;
-    return n;
-  }
 
   // Load, for Little's law (take two readings and call load_between()). "In flight" is a
   // sequence in the waiting queue or the active set: from a submit that queued it to the
@@ -220,8 +209,8 @@ struct ContinuousBatcherLoad {
 // thread runs.
 // Exceptions: the constructor throws std::invalid_argument naming a bad config field
 // (std::system_error if the decode thread cannot start);
-// submit() throws std::invalid_argument for bad stream options and std::bad_alloc, and
-// otherwise reports every outcome through the stream; an exception from step() fails the
+// submit() throws std::bad_alloc only, and reports every outcome through the stream (bad
+// per-request stream options included: Status::failed); an exception from step() fails the
 // sequences of that step and is not rethrown.
 template <class Token, class State = NoSequenceState, Clock C = SteadyClock>
 class ContinuousBatcher {
@@ -317,6 +306,7 @@ class ContinuousBatcher {
     time_point completion_deadline_{};
     time_point submitted_{};  // its arrival (SubmitOptions::arrival, else the submit)
     time_point queued_at_{};  // the submit: when it entered the waiting queue
+    time_point admitted_at_{};  // when it entered the active set
     std::shared_ptr<Stream> stream_;
     std::size_t reserved_ = 0;
     std::size_t prefilled_ = 0;
@@ -327,6 +317,7 @@ class ContinuousBatcher {
     bool stop_ = false;
     bool finished_ = false;
     bool retired_ = false;
+    bool dropped_for_stop_ = false;  // left the waiting queue because of shutdown
     std::optional<std::string> failure_;
   };
 
@@ -339,7 +330,6 @@ class ContinuousBatcher {
   explicit ContinuousBatcher(StepFn step, ContinuousBatcherConfig config = {}, C clock = C{})
       : config_(validated(std::move(config))), step_(std::move(step)), clock_(std::move(clock)) {
     if (!step_) detail::throw_invalid_argument("ContinuousBatcher: step must be callable");
-    load_.last_ns = detail::ns_since_epoch(clock_.now());
     active_.reserve(config_.max_active);
     if (config_.metrics) register_metrics(*config_.metrics);
     if (config_.workers.value_or(std::is_same_v<C, SteadyClock> ? 1 : 0) == 1) {
@@ -357,8 +347,9 @@ class ContinuousBatcher {
   // Queues a request with these options (SubmitOptions, the Pipeline's) and returns its
   // pull-mode stream. Every outcome, rejection included, arrives through the stream (a
   // rejected stream is closed before submit returns). Never blocks on the decode loop
-  // beyond a short lock. Throws std::invalid_argument if request.stream is invalid,
-  // std::bad_alloc. Thread-safe.
+  // beyond a short lock. Bad per-request stream options (request.stream) complete the
+  // stream at once with Status::failed and a message naming the field. Throws
+  // std::bad_alloc only. Thread-safe.
   [[nodiscard]] std::shared_ptr<Stream> submit(Request request, SubmitOptions options = {}) {
     return submit_impl(std::move(request), options, StreamCallbacks<Token>{});
   }
@@ -429,18 +420,31 @@ class ContinuousBatcher {
     s.admitted = admitted_total_.load(std::memory_order_relaxed);
     s.steps = steps_.load(std::memory_order_relaxed);
     s.tokens = tokens_.load(std::memory_order_relaxed);
-    for (std::size_t i = 0; i < s.by_status.size(); ++i) {
-      s.by_status[i] = by_status_[i].load(std::memory_order_relaxed);
-      s.rejected_by_reason[i] = rejected_by_reason_[i].load(std::memory_order_relaxed);
-    }
-    std::lock_guard lock(mutex_);
-    const std::int64_t now = detail::ns_since_epoch(clock_.now());
-    s.observed_at = std::chrono::nanoseconds(std::max(now, load_.last_ns));
-    s.in_flight_seconds = load_.area_at(now);
-    s.departed = load_.departed;
-    s.time_in_system_seconds = load_.time_in_system_s;
+    ledger_.fill(s.by_status, s.rejected_by_reason);
+    const LoadReading r = load();
+    s.observed_at = std::chrono::duration_cast<std::chrono::nanoseconds>(r.at.time_since_epoch());
+    s.in_flight_seconds = r.in_system_s;
+    s.departed = r.completed;
+    s.time_in_system_seconds = r.latency_s;
     return s;
   }
+  // The time integrals of the sequences in flight (LoadReading, load.hpp, the Pipeline's
+  // shape), read now: in_system_s integrates waiting + active sequences, executing_s the
+  // active set, completed counts the sequences that left after being queued, latency_s
+  // their times from submit to leaving. Two readings give L, lambda and W over the window
+  // between (load_between). A request completed inside submit() is never counted. Takes
+  // a short lock; never allocates. Thread-safe.
+  [[nodiscard]] LoadReading load() const noexcept { return ledger_.load(as_batch_time(clock_.now())); }
+
+  // The Little's-law check (littles_law.hpp) on this batcher's own load over the window
+  // since the previous call (the first: since construction): L = mean sequences in
+  // flight, lambda = departures per second, W = their mean time from submit to leaving.
+  // A deviation means time the batcher cannot see; call it every 10-60 s. Allocates the
+  // explanation. Throws std::invalid_argument unless threshold > 0. Thread-safe.
+  LittlesLawCheck check_littles_law(double threshold = 0.2) {
+    return ledger_.check_littles_law(as_batch_time(clock_.now()), threshold);
+  }
+
   // The number of worker threads, as Pipeline::worker_count(): 1 (the decode thread) or 0
   // (stepped by poll()). Thread-safe.
   [[nodiscard]] std::size_t worker_count() const noexcept { return started_ ? 1 : 0; }
@@ -466,58 +470,33 @@ class ContinuousBatcher {
     return c;
   }
 
-  // The time integral of the sequences in flight and the departures, for Little's law.
-  // Guarded by mutex_. The integral is kept in seconds as a double: at a million
-  // sequences in flight for a year it still resolves well under a microsecond-sequence.
-  struct Load {
-    std::int64_t last_ns = 0;  // when count last changed (or the batcher was built)
-    std::size_t count = 0;     // sequences in flight now
-    double area_s = 0.0;       // integral of count up to last_ns, sequence-seconds
-    std::uint64_t departed = 0;
-    double time_in_system_s = 0.0;
-
-    // The integral up to t (never before last_ns). Never allocates.
-    [[nodiscard]] double area_at(std::int64_t t) const noexcept {
-      if (t <= last_ns || count == 0) return area_s;
-      return area_s + static_cast<double>(count) * (static_cast<double>(t - last_ns) * 1e-9);
-    }
-    void advance(std::int64_t t) noexcept {
-      area_s = area_at(t);
-      last_ns = std::max(last_ns, t);
-    }
-    void arrive(std::int64_t t) noexcept {
-      advance(t);
-      ++count;
-    }
-    void depart(std::int64_t t, std::int64_t submitted) noexcept {
-      advance(t);
-      if (count > 0) --count;
-      ++departed;
-      time_in_system_s += static_cast<double>(std::max<std::int64_t>(0, t - submitted)) * 1e-9;
-    }
-  };
+  static BatchTime as_batch_time(time_point t) noexcept {
+    return BatchTime(std::chrono::duration_cast<BatchDuration>(t.time_since_epoch()));
+  }
 
   std::shared_ptr<Stream> submit_impl(Request request, const SubmitOptions& options, StreamCallbacks<Token> callbacks) {
-    const TokenStreamerConfig stream_options = request.stream ? *request.stream : config_.stream;
+    // Bad per-request stream options are the request's outcome (Status::failed), not a
+    // throw: its stream is built with the config's options and closed at once.
+    const char* bad_stream = request.stream ? request.stream->problem() : nullptr;
+    const TokenStreamerConfig& stream_options = request.stream && bad_stream == nullptr ? *request.stream : config_.stream;
     auto stream = std::make_shared<Stream>(stream_options, std::move(callbacks), clock_, options.cancel,
                                            metrics_.streams_ptr());
     submitted_.fetch_add(1, std::memory_order_relaxed);
     const time_point now = clock_.now();
-    const time_point arrival = options.arrival != BatchTime::min() ? std::min<time_point>(options.arrival, now) : now;
+    if (bad_stream != nullptr) {
+      complete(*stream, Status::failed, std::string("ContinuousBatcher: request.stream.") + bad_stream);
+      return stream;
+    }
+    // Arrival, deadline, priority level and the refusals every front door shares
+    // (detail/request_intake.hpp).
+    const detail::Intake in = detail::intake(options, now);
+    if (!in.accepted()) {
+      complete(*stream, in.status(), std::string(in.message()));
+      return stream;
+    }
+    const time_point arrival = in.arrival;
+    const time_point deadline = in.deadline;
     const std::size_t reserve = request.prompt.size() + request.max_new_tokens;
-    if (options.timeout < std::chrono::nanoseconds::zero()) {
-      complete(*stream, Status::deadline_exceeded,
-               "ContinuousBatcher: the request's timeout was already spent (negative) at submission");
-      return stream;
-    }
-    if (static_cast<std::size_t>(options.priority) >= priority_levels) {
-      complete(*stream, Status::failed, "ContinuousBatcher: invalid priority");
-      return stream;
-    }
-    time_point deadline = options.deadline;
-    if (options.timeout > std::chrono::nanoseconds::zero()) {
-      deadline = std::min(deadline, detail::saturating_add(arrival, options.timeout));
-    }
     if (request.max_new_tokens == 0) {
       complete(*stream, Status::ok, {});
       return stream;
@@ -528,10 +507,6 @@ class ContinuousBatcher {
                    ") + max_new_tokens (" + std::to_string(request.max_new_tokens) +
                    ") exceeds token_budget (" + std::to_string(config_.token_budget) + ")",
                RejectReason::too_large);
-      return stream;
-    }
-    if (now > deadline) {
-      complete(*stream, Status::deadline_exceeded, "ContinuousBatcher: deadline passed before submission");
       return stream;
     }
     if (now >= request.completion_deadline) {
@@ -567,7 +542,7 @@ class ContinuousBatcher {
             seq.id_};
         waiting_.emplace(key, std::move(seq));
         waiting_count_.store(waiting_.size(), std::memory_order_relaxed);
-        load_.arrive(detail::ns_since_epoch(now));
+        ledger_.enter(as_batch_time(now), 1);
       }
     }
     if (refused == RejectReason::shutting_down) {
@@ -575,7 +550,7 @@ class ContinuousBatcher {
     } else if (refused == RejectReason::queue_full) {
       complete(*stream, Status::rejected,
                "ContinuousBatcher: waiting queue full (" + std::to_string(config_.queue_capacity) + ")",
-               refused, std::chrono::nanoseconds(admit_interval_ns_.load(std::memory_order_relaxed)));
+               refused, detail::ServiceRate::retry_after(ledger_.service().rate(), 1));
     } else {
       cv_.notify_one();
     }
@@ -601,8 +576,7 @@ class ContinuousBatcher {
           }
         },
         [](const char*) {});
-    by_status_[static_cast<std::size_t>(s)].fetch_add(1, std::memory_order_relaxed);
-    if (s == Status::rejected) rejected_by_reason_[static_cast<std::size_t>(r)].fetch_add(1, std::memory_order_relaxed);
+    ledger_.count(s, r);
     metrics_.count(s, r);
   }
 
@@ -655,7 +629,9 @@ class ContinuousBatcher {
     compact();
 
     // 2. Drop waiting sequences that were cancelled or expired (or all of them when
-    //    shutting down). The retirements above ran user callbacks: read the clock again.
+    //    shutting down). Their streams are closed after the step (complete_late below):
+    //    their callbacks never delay the step, nor make a sequence admitted next miss its
+    //    deadline. The retirements above ran user callbacks: read the clock again.
     std::vector<Sequence> dropped;
     now = clock_.now();
     {
@@ -663,6 +639,7 @@ class ContinuousBatcher {
       stopping = stopping_;
       for (auto it = waiting_.begin(); it != waiting_.end();) {
         if (stopping || must_drop(it->second, now)) {
+          it->second.dropped_for_stop_ = stopping;
           dropped.push_back(std::move(it->second));
           it = waiting_.erase(it);
         } else {
@@ -671,8 +648,7 @@ class ContinuousBatcher {
       }
       depart_locked(dropped, now);
     }
-    for (auto& s : dropped) complete_dropped(s, stopping, now, report);
-    dropped.clear();
+    const std::size_t dropped_waiting = dropped.size();
 
     // 3. Admit in service order while the next one fits. The drops above ran callbacks too,
     //    so the deadlines are checked against a fresh reading, and from here to the step
@@ -687,6 +663,7 @@ class ContinuousBatcher {
       while (!waiting_.empty() && active_.size() < config_.max_active) {
         auto it = waiting_.begin();
         if (stopping || must_drop(it->second, now)) {
+          it->second.dropped_for_stop_ = stopping;
           dropped.push_back(std::move(it->second));
           waiting_.erase(it);
           continue;
@@ -695,22 +672,23 @@ class ContinuousBatcher {
         // large sequence is never starved by a stream of small ones.
         if (reserved + it->second.reserved_ > config_.token_budget) break;
         reserved += it->second.reserved_;
+        it->second.admitted_at_ = now;
         active_.push_back(std::move(it->second));
         waiting_.erase(it);
         ++report.admitted;
       }
-      depart_locked(dropped, now);
+      depart_locked(std::span<const Sequence>(dropped).subspan(dropped_waiting), now);
       reserved_.store(reserved, std::memory_order_relaxed);
       waiting_count_.store(waiting_.size(), std::memory_order_relaxed);
       active_count_.store(active_.size(), std::memory_order_relaxed);
     }
-    if (report.admitted > 0) note_admissions(report.admitted, now);
+    if (report.admitted > 0) note_admissions(report.admitted);
     for (std::size_t i = active_.size() - report.admitted; i < active_.size(); ++i) {
       metrics_.record_queue_wait(now - active_[i].submitted_);
     }
     const time_point admitted_at = now;
     auto complete_late = [&] {
-      for (auto& s : dropped) complete_dropped(s, stopping, admitted_at, report);
+      for (auto& s : dropped) complete_dropped(s, s.dropped_for_stop_, admitted_at, report);
     };
 
     // 4. Plan the step: decoding sequences one token each, then prompt chunks in
@@ -781,6 +759,9 @@ class ContinuousBatcher {
       }
     }
     tokens_.fetch_add(report.emitted, std::memory_order_relaxed);
+    std::uint64_t finished = 0;
+    for (std::size_t i = 0; i < scheduled; ++i) finished += active_[i].retired_ ? 1 : 0;
+    (void)ledger_.service().record(finished, std::chrono::duration_cast<std::chrono::nanoseconds>(step_end - step_start));
     compact();
     complete_late();
     return report;
@@ -806,10 +787,11 @@ class ContinuousBatcher {
   }
 
   // Counts sequences leaving the batcher (load integrals). Called with mutex_ held.
-  void depart_locked(const std::vector<Sequence>& gone, time_point now) noexcept {
-    if (gone.empty()) return;
-    const std::int64_t t = detail::ns_since_epoch(now);
-    for (const Sequence& s : gone) load_.depart(t, detail::ns_since_epoch(s.queued_at_));
+  void depart_locked(std::span<const Sequence> gone, time_point now) noexcept {
+    const BatchTime t = as_batch_time(now);
+    for (const Sequence& s : gone) {
+      ledger_.leave(t, 1, 0, t, std::chrono::duration_cast<BatchDuration>(std::max(now - s.queued_at_, duration::zero())));
+    }
   }
 
   void finish_with(Sequence& s, Status status, std::string message, ContinuousBatcherPollResult& report) noexcept {
@@ -829,27 +811,20 @@ class ContinuousBatcher {
     for (auto& s : active_)
       if (s.retired_) released += s.reserved_;
     if (released == 0) return;
-    const std::int64_t now = detail::ns_since_epoch(clock_.now());
+    const time_point now = clock_.now();
+    const BatchTime t = as_batch_time(now);
     std::lock_guard lock(mutex_);
-    for (const auto& s : active_)
-      if (s.retired_) load_.depart(now, detail::ns_since_epoch(s.queued_at_));
+    for (const auto& s : active_) {
+      if (!s.retired_) continue;
+      ledger_.leave(t, 1, 1, as_batch_time(s.admitted_at_),
+                    std::chrono::duration_cast<BatchDuration>(std::max(now - s.queued_at_, duration::zero())));
+    }
     std::erase_if(active_, [](const Sequence& s) { return s.retired_; });
     reserved_.fetch_sub(released, std::memory_order_relaxed);
     active_count_.store(active_.size(), std::memory_order_relaxed);
   }
 
-  void note_admissions(std::size_t n, time_point now) noexcept {
-    admitted_total_.fetch_add(n, std::memory_order_relaxed);
-    // The retry_after hint for queue_full: a smoothed interval between admissions, i.e.
-    // how soon a waiting slot tends to free up.
-    if (last_admission_) {
-      const auto gap = std::chrono::duration_cast<std::chrono::nanoseconds>(now - *last_admission_).count() /
-                       static_cast<std::int64_t>(n);
-      const auto old = admit_interval_ns_.load(std::memory_order_relaxed);
-      admit_interval_ns_.store(old == 0 ? gap : (old * 7 + gap) / 8, std::memory_order_relaxed);
-    }
-    last_admission_ = now;
-  }
+  void note_admissions(std::size_t n) noexcept { admitted_total_.fetch_add(n, std::memory_order_relaxed); }
 
   // The batcher's registered metrics; everything is a no-op without a registry.
   struct Metrics {
@@ -924,20 +899,19 @@ class ContinuousBatcher {
   std::atomic<std::uint64_t> admitted_total_{0};
   std::atomic<std::uint64_t> steps_{0};
   std::atomic<std::uint64_t> tokens_{0};
-  std::atomic<std::uint64_t> by_status_[5] = {};
-  std::atomic<std::uint64_t> rejected_by_reason_[5] = {};
-  std::atomic<std::int64_t> admit_interval_ns_{0};
+  // Outcome counts, the load integrals (load(), check_littles_law()) and the service rate:
+  // sequences finished per second of step time, whose inverse is the queue_full hint (the
+  // time one of them takes to free a place; idle time never counted).
+  detail::OutcomeLedger ledger_{as_batch_time(clock_.now())};
 
-  mutable std::mutex mutex_;  // guards waiting_, stopping_, drain_deadline_, next_id_, active_'s size, load_
+  mutable std::mutex mutex_;  // guards waiting_, stopping_, drain_deadline_, next_id_, active_'s size
   std::condition_variable cv_;
   Waiting waiting_;
   bool stopping_ = false;
   time_point drain_deadline_ = time_point::max();
   std::uint64_t next_id_ = 0;
-  Load load_;
 
   std::vector<Sequence> active_;  // contents: the stepping thread only
-  std::optional<time_point> last_admission_;
 
   std::mutex step_mutex_;     // serializes poll() calls
   std::mutex control_mutex_;  // serializes shutdown()s

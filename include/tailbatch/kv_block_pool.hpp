@@ -351,6 +351,8 @@ class KvBlockPool {
   [[nodiscard]] std::size_t total_blocks() const noexcept { return total_; }
   // Whether full blocks are indexed and shared. Never blocks. Thread-safe.
   [[nodiscard]] bool prefix_caching() const noexcept { return config_.prefix_caching; }
+  // The validated configuration. Thread-safe.
+  [[nodiscard]] const KvBlockPoolConfig& config() const noexcept { return config_; }
   // Blocks that hold `tokens` tokens: ceil(tokens / block_size). Never blocks. Thread-safe.
   [[nodiscard]] std::size_t blocks_for(std::size_t tokens) const noexcept {
     return tokens / block_size_ + (tokens % block_size_ != 0 ? 1 : 0);

@@ -6,6 +6,7 @@
 // request's result, and a TokenStreamer alike.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -71,6 +72,27 @@ enum class RejectReason : std::uint8_t {
   }
   return "unknown";
 }
+
+// The outcome counts every front door reports, the first fields of PipelineStats and
+// ContinuousBatcherStats alike: requests submitted, and those completed by status and,
+// when rejected, by reason. A plain value. Thread-safety: as for any value type.
+struct OutcomeCounts {
+  std::uint64_t submitted = 0;
+  std::array<std::uint64_t, 5> by_status{};           // indexed by Status
+  std::array<std::uint64_t, 5> rejected_by_reason{};  // indexed by RejectReason
+
+  // Requests completed with this status / rejected for this reason. Never blocks.
+  [[nodiscard]] std::uint64_t count(Status s) const noexcept { return by_status[static_cast<std::size_t>(s)]; }
+  [[nodiscard]] std::uint64_t count(RejectReason r) const noexcept {
+    return rejected_by_reason[static_cast<std::size_t>(r)];
+  }
+  // Requests completed with any status. Never blocks.
+  [[nodiscard]] std::uint64_t completed() const noexcept {
+    std::uint64_t n = 0;
+    for (std::uint64_t c : by_status) n += c;
+    return n;
+  }
+};
 
 // Everything known about a request that did not end with a value.
 struct Error {

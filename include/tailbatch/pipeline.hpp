@@ -15,40 +15,30 @@
 // is a latest start: a request is never started after it), cancelled, or failed (the
 // model threw; the worker lives on).
 //
-// Threads. Config::workers chooses them, the same way as for the ContinuousBatcher: unset,
-// the default for the clock (one per lane slot with SteadyClock, none with any other); 0,
-// none; n, n. The Pipeline owns its worker threads and nothing else starts any: the workers take turns leading batch formation (the
-// leader waits on a condition variable until the policy closes a batch), lease a lane slot
-// for the batch they formed (never while waiting for work: an idle Pipeline holds no
-// slot of lanes it shares), run it and deliver its completions. On Linux each
-// worker sets its own timer slack to 1 ns, so that its timed sleeps end on time. Submitters
-// append to per-thread submit shards and never wait for the leader; a request without a
-// deadline may be stamped with the cycle counter, which the leader converts to clock time
-// (detail/pipeline/cycle_stamp.hpp). With no workers (workers = 0, or
-// unset with ManualClock) the Pipeline starts no thread at all: the caller steps it with
-// poll(), which forms and runs every batch due at the clock's current
-// time in the calling thread. See docs/pipeline.md.
+// Threads. Config::workers chooses them, as for the ContinuousBatcher: unset, the default
+// for the clock (one per lane slot with SteadyClock, none with any other); 0, none; n, n.
+// The Pipeline owns its worker threads and nothing else starts any: the workers take
+// turns leading batch formation (the leader sleeps until the policy closes a batch),
+// lease a lane slot for the batch they formed (never while waiting for work), run it and
+// deliver its completions; each sets its timer slack to 1 ns on Linux. Submitters append
+// to per-thread submit shards and never wait for the leader. With no workers the caller
+// steps it with poll(), in the calling thread. See docs/pipeline.md.
 //
-// Where the parts are (include/tailbatch/detail/):
-//   submit_shards.hpp        where a request is queued: the per-thread submit shards and
-//                            the queue's places (ingress);
-//   pipeline_entry.hpp       what a queued request is (request, completion, deadline,
-//                            cancellation hook, admission ticket, cost);
-//   queue_staging.hpp,       where a batch is formed: the staged queue, the purge of
-//   batch_former.hpp         expired and cancelled requests, the policy's decision;
-//   pipeline_batch.hpp       the formed batch and the check, as a lane starts it, that
-//                            drops what may no longer start;
-//   leader_signal.hpp        how the batch leader sleeps and who wakes it;
-//   pipeline_completion.hpp  how a result is delivered (future or callback);
-//   pipeline_metrics.hpp     what is counted and exported (tailbatch_pipeline_*);
-//   pipeline_occupancy.hpp   the time integrals behind occupancy() and the Little's-law check.
-// This file composes them: the public API and its types, the leader's turn (ingest, purge,
-// decide, lease a lane, or sleep), execution and completion. It stays longer than the
-// core's usual 700 lines: its first 500 lines are the public API with its documentation
-// (this overview, the configuration, stats and occupancy types, and the members users
-// call), and the other 800 are the one place where every outcome is counted, timed and
-// released to the admission policy: splitting those further would pass the Pipeline's
-// state around rather than hide it.
+// A request's walk, one part each (detail/ unless named):
+//   request_intake.hpp       SubmitOptions -> arrival, deadline, level, or a refusal;
+//   pipeline/submit_shards   where it is queued (per-thread shards, the queue's places),
+//     pipeline/entry         as what (request, completion, deadline, ticket, cost),
+//     pipeline/cycle_stamp   with which arrival stamp;
+//   pipeline/batch_former    where a batch is formed (queue_staging: the staged queue,
+//                            the purge of the dead, the policy's decision);
+//   pipeline/batch           the formed batch, checked again as its lane starts it;
+//   outcome_ledger.hpp       where its life ends: counted, its admission released, its
+//                            latency recorded, its completion (pipeline/completion)
+//                            delivered, exactly once; the load and the service rate.
+// Beside them: pipeline/leader_signal (the leader's sleep), pipeline/metrics (what is
+// exported), pipeline/validate (the constructor's checks); pipeline_config.hpp holds the
+// public types. This file composes them: the public API, the leader's turn (ingest,
+// purge, decide, lease a lane, or sleep) and execution.
 #pragma once
 
 #include <algorithm>
@@ -90,179 +80,26 @@
 #include <tailbatch/detail/pipeline/completion.hpp>
 #include <tailbatch/detail/pipeline/entry.hpp>
 #include <tailbatch/detail/pipeline/metrics.hpp>
-#include <tailbatch/detail/pipeline/occupancy.hpp>
 #include <tailbatch/detail/pipeline/submit_shards.hpp>
+#include <tailbatch/detail/pipeline/validate.hpp>
 #include <tailbatch/detail/pipeline/batch_former.hpp>
+#include <tailbatch/detail/request_intake.hpp>
+#include <tailbatch/detail/outcome_ledger.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/lanes.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/littles_law.hpp>
+#include <tailbatch/load.hpp>
 #include <tailbatch/outcome.hpp>
+#include <tailbatch/pipeline_config.hpp>
 #include <tailbatch/submit_options.hpp>
 
 namespace tailbatch {
 
-// Per-request options: SubmitOptions (submit_options.hpp), shared with the
-// ContinuousBatcher.
-
-// Pipeline configuration. Bad values make the Pipeline constructor throw
-// std::invalid_argument naming the field ("Pipeline: queue_capacity must be >= 1").
-template <class Req>
-struct PipelineConfig {
-  // The most requests waiting at once (not yet in a batch). A submit beyond it completes
-  // at once with rejected/queue_full and a retry-after hint. Never exceeded. Each submit
-  // shard claims places a few at a time, so with several submitting threads a submit may
-  // be refused while places that other threads' shards have claimed (together less than
-  // 1/16 of the capacity) are still unused; with one, the queue holds exactly this many.
-  std::size_t queue_capacity = 4096;
-  // Worker threads, started by the constructor. Unset: the default for the clock, one per
-  // lane slot (lanes.size() x lanes.lane_capacity()) with SteadyClock, 0 with any other.
-  // 0: no threads, the caller drives poll(). Workers sleep on the real clock, so a value
-  // above 0 needs SteadyClock (std::invalid_argument "workers" otherwise). Same field,
-  // same meaning, in ContinuousBatcherConfig.
-  std::optional<std::size_t> workers{};
-  // On shutdown, queued requests are still run for at most this long; what is left then
-  // completes with rejected/shutting_down.
-  std::chrono::nanoseconds drain_timeout = std::chrono::seconds(5);
-  // A lower priority whose next request has waited this long is served before higher
-  // ones, so that it is never starved.
-  std::chrono::nanoseconds starvation_limit = std::chrono::milliseconds(50);
-  // Worker threads only: the leader wakes this long before a window closes and spins
-  // until it does, so that a batch leaves on time rather than late by the OS's timer
-  // latency. Costs at most this much processor time per window that closes by time.
-  // Zero: plain timed sleep.
-  std::chrono::nanoseconds dispatch_spin = std::chrono::microseconds(100);
-  // Submitters append to one of this many separately locked queues, which the batch
-  // leader merges. A thread claims one of its own on its first submit while any is free
-  // near its id's hash, else shares that one; either way it keeps to one, so its requests
-  // stay in order. More of them: less contention between threads that submit at the
-  // same moment. 0: automatic, 4 per hardware thread, from 16 to 64. At most 64.
-  std::size_t submit_shards = 0;
-  // A request's cost (its length in tokens); required by policies that read it
-  // (TokenBudget), unused otherwise. Called once per submit; must be thread-safe.
-  std::function<std::size_t(const Req&)> request_cost{};
-  // When the admission policy reports a limit (max_limit() or limit()) below
-  // max_batch x lanes, the Pipeline could never fill a batch on every lane: the
-  // constructor throws unless this is false.
-  bool check_admission_limit = true;
-  // Metrics (tailbatch_pipeline_*), registered at construction with metric_labels added
-  // to each. nullptr: none, at no cost. The registry must outlive the Pipeline.
-  PipelineMetricsTarget metrics = nullptr;
-  Labels metric_labels{};
-  // Where the Pipeline writes the few lines it has to say: the one-time warning that
-  // callers blocked on futures limit the batch size, and the Little's-law check's finding
-  // of a hidden queue. One line per call, without a trailing newline. Called from a
-  // worker thread (or the thread calling poll() or check_littles_law()), possibly from
-  // several at once: it must be thread-safe, quick, and should not throw (what it throws
-  // is dropped). Unset (the default): nothing is written anywhere.
-  std::function<void(std::string_view)> log{};
-};
-
-// Counts since construction. Exact once shutdown() has returned; while the Pipeline runs
-// a snapshot in which the counters may disagree by requests in transit.
-struct PipelineStats {
-  std::uint64_t submitted = 0;
-  std::array<std::uint64_t, 5> by_status{};          // indexed by Status
-  std::array<std::uint64_t, 5> rejected_by_reason{};  // indexed by RejectReason
-  std::array<std::uint64_t, dispatch_reason_count> batches_by_reason{};  // indexed by DispatchReason
-  std::uint64_t batched_requests = 0;      // requests executed in batches (without padding)
-  std::uint64_t callback_exceptions = 0;   // completion callbacks that threw
-  // Requests that were in a formed batch but had passed their deadline (or were
-  // cancelled) when the batch was handed to its lane: they were not executed.
-  std::uint64_t dropped_at_start = 0;
-  // Batches that looked limited by callers blocked on futures (see
-  // Pipeline::blocked_submitters_approx()).
-  std::uint64_t submitter_limited_batches = 0;
-  std::size_t blocked_submitters = 0;      // future-returning submits not yet completed
-  std::size_t queued = 0;
-  std::size_t in_flight = 0;
-
-  [[nodiscard]] std::uint64_t count(Status s) const noexcept { return by_status[static_cast<std::size_t>(s)]; }
-  [[nodiscard]] std::uint64_t count(RejectReason r) const noexcept {
-    return rejected_by_reason[static_cast<std::size_t>(r)];
-  }
-  [[nodiscard]] std::uint64_t count(DispatchReason r) const noexcept {
-    return batches_by_reason[static_cast<std::size_t>(r)];
-  }
-  [[nodiscard]] std::uint64_t completed() const noexcept {
-    std::uint64_t n = 0;
-    for (auto c : by_status) n += c;
-    return n;
-  }
-  [[nodiscard]] std::uint64_t batches() const noexcept {
-    std::uint64_t n = 0;
-    for (auto c : batches_by_reason) n += c;
-    return n;
-  }
-};
-
-// Time integrals of what a Pipeline holds, read at one moment (Pipeline::occupancy());
-// two of them give the averages over the time between (occupancy_between), which is what
-// a Little's-law check needs. Cumulative since the Pipeline was constructed.
-struct PipelineOccupancy {
-  BatchTime at{};                // when it was read (the Pipeline's clock)
-  double in_pipeline_s = 0.0;    // integral over time of requests queued or executing, request-seconds
-  double executing_s = 0.0;      // integral over time of requests in formed batches, request-seconds
-  std::uint64_t completed = 0;   // requests that were queued and have completed, in any status
-  double latency_s = 0.0;        // their end-to-end latencies (from arrival), summed, seconds
-};
-
-// Averages over the window between two readings of PipelineOccupancy.
-struct OccupancyWindow {
-  std::chrono::nanoseconds window{0};
-  double mean_in_pipeline = 0.0;  // time-averaged requests queued or executing (L)
-  double mean_queued = 0.0;       // time-averaged requests queued
-  double mean_executing = 0.0;    // time-averaged requests in formed batches
-  double throughput_per_s = 0.0;  // completions per second (lambda)
-  std::chrono::nanoseconds mean_latency{0};  // mean end-to-end latency of those completions (W)
-};
-
-// The averages between `from` and a later reading `to` of the same Pipeline; all zero when
-// `to` is not later. Never throws. Thread-safe (a pure function).
-[[nodiscard]] inline OccupancyWindow occupancy_between(const PipelineOccupancy& from,
-                                                       const PipelineOccupancy& to) noexcept {
-  OccupancyWindow w;
-  if (!(to.at > from.at)) return w;
-  w.window = std::chrono::duration_cast<std::chrono::nanoseconds>(to.at - from.at);
-  const double seconds = std::chrono::duration<double>(to.at - from.at).count();
-  w.mean_in_pipeline = std::max(0.0, (to.in_pipeline_s - from.in_pipeline_s) / seconds);
-  w.mean_executing = std::max(0.0, (to.executing_s - from.executing_s) / seconds);
-  w.mean_queued = std::max(0.0, w.mean_in_pipeline - w.mean_executing);
-  const std::uint64_t done = to.completed >= from.completed ? to.completed - from.completed : 0;
-  w.throughput_per_s = static_cast<double>(done) / seconds;
-  if (done > 0) {
-    const double mean = std::max(0.0, (to.latency_s - from.latency_s) / static_cast<double>(done));
-    w.mean_latency = std::chrono::nanoseconds(detail::llround(mean * 1e9));
-  }
-  return w;
-}
-
-// What one poll() did.
-struct PipelinePollResult {
-  std::size_t batches = 0;                 // batches formed and run by this call
-  BatchTime next_due = BatchTime::max();   // when a batch may next be due without new arrivals
-};
-// The old name compiles, with a deprecation warning, until the next minor version (CHANGELOG.md).
-using PollResult [[deprecated("renamed PipelinePollResult")]] = PipelinePollResult;
-
-namespace detail {
-
-template <class C>
-inline constexpr bool is_real_time_clock = std::is_same_v<C, SteadyClock>;
-
-// The admission policy's limit, when it has an observer for one.
-template <class A>
-std::optional<std::uint64_t> admission_limit(const A& a) noexcept {
-  if constexpr (requires { { a.max_limit() } -> std::convertible_to<std::uint64_t>; }) {
-    return static_cast<std::uint64_t>(a.max_limit());
-  } else if constexpr (requires { { a.limit() } -> std::convertible_to<std::uint64_t>; }) {
-    return static_cast<std::uint64_t>(a.limit());
-  } else {
-    return std::nullopt;
-  }
-}
-
-}  // namespace detail
+// The configuration, statistics and poll result: pipeline_config.hpp. Per-request
+// options: SubmitOptions (submit_options.hpp), shared with the ContinuousBatcher. The
+// load (load(), load_between(), check_littles_law()): LoadReading and LoadWindow
+// (load.hpp), the shape every front door shares.
 
 // A dynamic batcher around a model call.
 //
@@ -428,8 +265,9 @@ class Pipeline {
   [[nodiscard]] std::size_t in_flight_approx() const noexcept {
     return counters_.in_flight.load(std::memory_order_relaxed);
   }
-  // The recent rate at which batches take requests off the queue, per second (0 until
-  // measured). Racy. Thread-safe.
+  // The recent rate at which the Pipeline serves requests, per second: requests per
+  // second of model time over the last few batches, times the lane slots (0 until
+  // measured). Time with nothing to run never lowers it. Racy. Thread-safe.
   [[nodiscard]] double drain_rate_approx() const noexcept {
     return counters_.drain_rate.load(std::memory_order_relaxed);
   }
@@ -440,18 +278,18 @@ class Pipeline {
   // Racy. Thread-safe.
   [[nodiscard]] std::size_t blocked_submitters_approx() const noexcept { return counters_.blocked_submitters(); }
 
-  // The time integrals of requests held, read now (see PipelineOccupancy): two readings
-  // give the time-averaged in-pipeline, queued and executing counts, the throughput and
-  // the mean latency over the same window (occupancy_between). Requests count from their
+  // The time integrals of requests held, read now (LoadReading, load.hpp): two readings
+  // give the time-averaged in-system, queued and executing counts, the throughput and
+  // the mean latency over the same window (load_between). Requests count from their
   // submit (not from SubmitOptions::arrival): a server that passes arrival times sees its
-  // own queue before submit as the gap between L and lambda x W. Requests submitted but
-  // not yet taken by the batch leader are counted once it takes them (from their submit),
-  // and a batch's time executing once it completes.
-  // Takes a short lock; never blocks otherwise, never allocates. Thread-safe.
-  [[nodiscard]] PipelineOccupancy occupancy() const noexcept {
-    const detail::OccupancyReading r = occupancy_.read(clock_.now());
-    return PipelineOccupancy{r.at, r.in_pipeline_s, r.executing_s, r.completed, r.latency_s};
-  }
+  // own queue before submit as the gap between L and lambda x W; latency_s sums the
+  // end-to-end latencies (from the arrival). Requests submitted but not yet taken by the
+  // batch leader are counted once it takes them (from their submit), and a batch's time
+  // executing once it completes. Takes a short lock; never blocks otherwise, never
+  // allocates. Thread-safe.
+  [[nodiscard]] LoadReading load() const noexcept { return ledger_.load(clock_.now()); }
+  // The earlier name of load(). Thread-safe.
+  [[nodiscard]] LoadReading occupancy() const noexcept { return load(); }
 
   // Runs the Little's-law check (tailbatch::check_littles_law, littles_law.hpp) on this
   // Pipeline's own measurements over the window since the previous call (the first call:
@@ -464,13 +302,7 @@ class Pipeline {
   // for other calls of it and the log sink. Throws std::invalid_argument unless
   // threshold > 0 (a relative deviation, 0.2 = 20 %). Thread-safe.
   LittlesLawCheck check_littles_law(double threshold = 0.2) {
-    std::lock_guard lock(littles_mu_);
-    const PipelineOccupancy now = occupancy();
-    const OccupancyWindow w = occupancy_between(littles_last_, now);
-    LittlesLawCheck c = tailbatch::check_littles_law(w.throughput_per_s, w.mean_latency, w.mean_in_pipeline, threshold);
-    littles_last_ = now;
-    counters_.littles_deviation.store(c.relative_deviation, std::memory_order_relaxed);
-    counters_.littles_suspected.store(c.hidden_queue_suspected, std::memory_order_relaxed);
+    LittlesLawCheck c = ledger_.check_littles_law(clock_.now(), threshold);
     if (c.hidden_queue_suspected) log_line("tailbatch: pipeline Little's law check: " + c.explanation);
     return c;
   }
@@ -483,10 +315,7 @@ class Pipeline {
     s.queued = queued_approx();
     const detail::PipelineCounters& c = counters_;
     s.submitted += c.inline_submitted.load(std::memory_order_relaxed);
-    for (std::size_t i = 0; i < s.by_status.size(); ++i) s.by_status[i] = c.by_status[i].load(std::memory_order_relaxed);
-    for (std::size_t i = 0; i < s.rejected_by_reason.size(); ++i) {
-      s.rejected_by_reason[i] = c.rejected_by_reason[i].load(std::memory_order_relaxed);
-    }
+    ledger_.fill(s.by_status, s.rejected_by_reason);
     for (std::size_t i = 0; i < s.batches_by_reason.size(); ++i) {
       s.batches_by_reason[i] = c.dispatched[i].load(std::memory_order_relaxed);
     }
@@ -499,6 +328,8 @@ class Pipeline {
     return s;
   }
 
+  // The configuration, as given. Thread-safe.
+  [[nodiscard]] const Config& config() const noexcept { return config_; }
   // The policy, lanes, admission policy and clock in use. Thread-safe.
   [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
   [[nodiscard]] Lanes& lanes() noexcept { return *lanes_; }
@@ -524,6 +355,7 @@ class Pipeline {
   using Meta = typename Entry::Meta;
 
   using Batch = detail::PipelineBatch<Req, Resp, Meta>;
+  using Dead = detail::DeadRequest<Meta>;
 
   // formed: a batch, with a lane leased for it. no_lane: a batch is due but every lane
   // slot is busy (manual stepping only; a worker waits for one).
@@ -552,20 +384,19 @@ class Pipeline {
         owned_admission_(std::move(own_admission)),
         admission_(owned_admission_ ? owned_admission_.get() : admission),
         max_batch_(policy_.max_batch()),
-        shards_(config_.submit_shards, priority_levels * bucket_count(policy_), config_.queue_capacity),
-        former_(policy_, bucket_count(policy_), config_.starvation_limit,
+        shards_(config_.submit_shards, priority_levels * detail::policy_bucket_count(policy_), config_.queue_capacity),
+        former_(policy_, detail::policy_bucket_count(policy_), config_.starvation_limit,
                 lanes_ != nullptr ? lanes_->size() * lanes_->lane_capacity() : 1),
-        occupancy_(clock_.now()) {
+        ledger_(clock_.now()) {
     validate();
     total_slots_ = lanes_->size() * lanes_->lane_capacity();
-    littles_last_.at = occupancy_.read(BatchTime{}).at;
     manual_batch_.reserve(max_batch_);
-    drain_.start(clock_.now());
     metrics_ = config_.metrics.register_pipeline(
         config_.metric_labels,
-        detail::PipelineGaugeSources{&counters_, max_batch_, this, [](const void* self) noexcept {
+        detail::PipelineGaugeSources{&counters_, &ledger_, max_batch_, this, [](const void* self) noexcept {
                                        return static_cast<const Pipeline*>(self)->queued_approx();
                                      }});
+    if (metrics_) ledger_.set_end_to_end(metrics_->hist[Hist::end_to_end]);
     if constexpr (cycle_stamps) {
       if (detail::cycle_counter_is_constant()) {
         // Three readings, the tightest kept (the allowance before any is known is generous).
@@ -591,60 +422,9 @@ class Pipeline {
 #endif
   }
 
-  static std::size_t bucket_count(const Policy& p) noexcept {
-    if constexpr (BucketedBatchPolicy<Policy>) {
-      return std::max<std::size_t>(1, p.bucket_count());
-    } else {
-      return 1;
-    }
-  }
-
   [[gnu::cold]] void validate() {
-    if (!model_) detail::throw_invalid_argument("Pipeline: model must be set");
-    if (lanes_ == nullptr) detail::throw_invalid_argument("Pipeline: lanes must be set");
-    if (admission_ == nullptr) detail::throw_invalid_argument("Pipeline: admission must be set");
-    if (max_batch_ < 1) detail::throw_invalid_argument("Pipeline: policy max_batch must be >= 1");
-    if (config_.queue_capacity < 1) detail::throw_invalid_argument("Pipeline: queue_capacity must be >= 1");
-    if (config_.drain_timeout < std::chrono::nanoseconds::zero()) {
-      detail::throw_invalid_argument("Pipeline: drain_timeout must be >= 0");
-    }
-    if (config_.starvation_limit <= std::chrono::nanoseconds::zero()) {
-      detail::throw_invalid_argument("Pipeline: starvation_limit must be > 0");
-    }
-    if (config_.dispatch_spin < std::chrono::nanoseconds::zero()) {
-      detail::throw_invalid_argument("Pipeline: dispatch_spin must be >= 0");
-    }
-    if (config_.submit_shards > Shards::max_shards) {
-      detail::throw_invalid_argument("Pipeline: submit_shards must be at most 64 (0: automatic)");
-    }
-    if (lanes_->size() < 1) detail::throw_invalid_argument("Pipeline: lanes must have size() >= 1");
-    if (lanes_->lane_capacity() < 1) detail::throw_invalid_argument("Pipeline: lanes must have lane_capacity() >= 1");
-    if constexpr (!detail::is_real_time_clock<C>) {
-      if (config_.workers.value_or(0) != 0) {
-        detail::throw_invalid_argument("Pipeline: workers must be 0 with a clock other than SteadyClock");
-      }
-    }
-    if constexpr (detail::policy_uses_cost<Policy>()) {
-      if (!config_.request_cost) {
-        detail::throw_invalid_argument("Pipeline: request_cost must be set for a policy that reads request cost");
-      }
-    }
-    if constexpr (requires { { policy_.may_pad() } -> std::convertible_to<bool>; }) {
-      if (!std::copy_constructible<Req> && policy_.may_pad()) {
-        detail::throw_invalid_argument(
-            "Pipeline: a padding policy needs a copy-constructible request type (or Fill::exact)");
-      }
-    }
-    if (config_.check_admission_limit) {
-      if (const auto limit = detail::admission_limit(*admission_)) {
-        const std::uint64_t need = static_cast<std::uint64_t>(max_batch_) * lanes_->size();
-        if (*limit < need) {
-          detail::throw_invalid_argument(
-              "Pipeline: the admission limit is below max_batch x lanes, so batches could never fill every "
-              "lane; raise the limit, lower max_batch, or set check_admission_limit = false");
-        }
-      }
-    }
+    detail::validate_pipeline<C>(config_, static_cast<bool>(model_), policy_, lanes_, admission_, max_batch_,
+                                 Shards::max_shards);
   }
 
   // ---- submit side -------------------------------------------------------------------
@@ -661,36 +441,16 @@ class Pipeline {
       }
     }
     if (now == BatchTime{}) now = clock_.now();
-    // The arrival: the caller's, carried as it is (no earlier than the clock's origin, no
-    // later than a clock reading taken now), else the submit time.
-    BatchTime arrival = now;
-    if (options.arrival != BatchTime::min()) {
-      arrival = std::max(options.arrival, BatchTime{});
-      if (!detail::stamp_is_cycles(now)) arrival = std::min(arrival, now);
-    }
-    BatchTime deadline = options.deadline;
-    if (options.timeout > std::chrono::nanoseconds::zero()) {
-      deadline = std::min(deadline, detail::saturating_add(arrival, options.timeout));
-    }
+    // Arrival, deadline, priority level and the refusals every front door shares
+    // (detail/request_intake.hpp); a cycle stamp is no clock reading to clamp against.
+    const detail::Intake in = detail::intake(options, now, !detail::stamp_is_cycles(now));
+    const BatchTime arrival = in.arrival;
+    const BatchTime deadline = in.deadline;
+    const std::size_t level = in.level;
     if (signal_.closing(std::memory_order_relaxed)) {
       return reject_inline(done, RejectReason::shutting_down, "tailbatch: the pipeline is shutting down");
     }
-    if (options.cancel.stop_requested()) {
-      return complete_inline(done, Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}});
-    }
-    if (options.timeout < std::chrono::nanoseconds::zero()) {
-      return complete_inline(done, Error{Status::deadline_exceeded, RejectReason::none,
-                                         "tailbatch: the request's time budget was already spent (negative timeout)",
-                                         {}});
-    }
-    if (now > deadline) {
-      return complete_inline(done, Error{Status::deadline_exceeded, RejectReason::none,
-                                         "tailbatch: the deadline passed before the request was queued", {}});
-    }
-    const std::size_t level = static_cast<std::size_t>(options.priority);
-    if (level >= priority_levels) {
-      return complete_inline(done, Error{Status::failed, RejectReason::none, "tailbatch: invalid priority", {}});
-    }
+    if (!in.accepted()) return complete_inline(done, in.error());
     std::size_t cost = 1;
     std::size_t bucket = 0;
     if constexpr (detail::policy_uses_cost<Policy>()) {
@@ -782,11 +542,12 @@ class Pipeline {
     reject_inline(done, RejectReason::too_large, std::move(message));
   }
 
-  // The time the current drain rate needs to empty the queue as it stands.
+  // The time the recent service rate (detail/service_rate.hpp: measured over the batches'
+  // model time, never over idle time) needs to empty the queue as it stands.
   // The depth is the places not in the pool (one load, for a fast refusal): the queue,
   // plus the few places shards have claimed and not used yet.
   std::chrono::nanoseconds retry_after_hint() const noexcept {
-    return detail::DrainRate::retry_after(counters_.drain_rate.load(std::memory_order_relaxed),
+    return detail::ServiceRate::retry_after(counters_.drain_rate.load(std::memory_order_relaxed),
                                           shards_.places_in_use_approx());
   }
 
@@ -797,7 +558,21 @@ class Pipeline {
     count_status(s, r, 1);
   }
 
-  void count_status(Status s, RejectReason r, std::uint64_t n) noexcept { counters_.count(s, r, n, metrics_.get()); }
+  // Counts n outcomes: the ledger's counters and the metric series.
+  void count_status(Status s, RejectReason r, std::uint64_t n) noexcept {
+    ledger_.count(s, r, n);
+    counters_.count(s, r, n, metrics_.get());
+  }
+
+  // Settles a request that was queued (see OutcomeLedger::settle): counted, its admission
+  // released, its end-to-end latency recorded, its outcome delivered; exactly once.
+  void settle(Meta& m, Status s, RejectReason r, std::chrono::nanoseconds latency, Outcome<Resp>&& o) noexcept {
+    counters_.count(s, r, 1, metrics_.get());
+    ledger_.settle(
+        s, r, latency,
+        [&](Status st, std::chrono::nanoseconds lat) noexcept { admission_->release(std::move(m.ticket), st, lat); },
+        [&]() noexcept { deliver(m.done, std::move(o)); });
+  }
 
   void reject_inline(detail::Completion<Resp>& done, RejectReason r, std::string message,
                      std::chrono::nanoseconds retry_after = std::chrono::nanoseconds{0}) noexcept {
@@ -908,7 +683,21 @@ class Pipeline {
   // stays queued (growing) while the leader waits in line for one (threaded), or the turn
   // ends with no_lane (manual). `lease` holds a slot got while waiting; it is given back
   // before the leader sleeps.
+  //
+  // Requests taken off the queue without running (cancelled, expired) are completed when
+  // the turn ends without a batch, before the leader waits; with a batch, after its model
+  // call (Batch::dead): a slow callback never delays the batch it was formed beside.
   Lead lead_step(Batch& b, bool may_sleep, BatchTime& next_due, LeaseSlot& lease) noexcept {
+    const Lead r = lead_turn(b, may_sleep, next_due, lease);
+    if (r == Lead::formed) {
+      std::swap(b.dead, dead_);  // b.dead is empty: finish() cleared it
+    } else {
+      complete_dead();
+    }
+    return r;
+  }
+
+  Lead lead_turn(Batch& b, bool may_sleep, BatchTime& next_due, LeaseSlot& lease) noexcept {
     for (;;) {
       if (finished_) {
         lease.reset();
@@ -961,6 +750,7 @@ class Pipeline {
           next_due = now;
           return Lead::no_lane;
         }
+        complete_dead();
         lease = wait_for_lane();
         continue;
       }
@@ -979,6 +769,7 @@ class Pipeline {
       // microseconds); the last stretch before a window closes is spent spinning
       // instead, watching for newcomers. (Yielding would be worse: under load a yielded
       // processor comes back a scheduler slice later.)
+      complete_dead();
       const BatchTime wake_at = round.wait.decide_again_at;
       const BatchTime early = detail::saturating_sub(wake_at, config_.dispatch_spin);
       if (wake_at != BatchTime::max() && now >= early) {
@@ -1034,20 +825,9 @@ class Pipeline {
   // Enters the requests taken from the shards into the occupancy integrals, each from its
   // submit time. (now, cycles): a reading of the clock and the counter taken after the take.
   void note_entered(const detail::EnteredSums& in, BatchTime now, [[maybe_unused]] std::uint64_t cycles) noexcept {
-    const std::uint64_t n = in.ns_count + in.cycles_count;
-    if (n == 0) return;
-    // The sums of ages: n x now - sum of submit times, exact modulo 2^64 (and small).
-    const auto now_ticks = static_cast<std::uint64_t>(now.time_since_epoch().count());
-    double age = static_cast<double>(std::max<std::int64_t>(
-        0, static_cast<std::int64_t>(in.ns_count * now_ticks - in.ns_sum)));
-    if constexpr (cycle_stamps) {
-      if (in.cycles_count > 0) {
-        const auto ticks = static_cast<std::int64_t>(in.cycles_count * cycles - in.cycles_sum);
-        const double ns = static_cast<double>(std::max<std::int64_t>(0, ticks)) * calibration_.ns_per_cycle();
-        age += std::chrono::duration<double, BatchDuration::period>(std::chrono::duration<double, std::nano>(ns)).count();
-      }
-    }
-    occupancy_.enter(now, n, BatchDuration(static_cast<BatchDuration::rep>(age)));
+    double ns_per_cycle = 0.0;
+    if constexpr (cycle_stamps) ns_per_cycle = calibration_.ns_per_cycle();
+    ledger_.enter(now, in.ns_count + in.cycles_count, detail::entered_age_sum(in, now, cycles, ns_per_cycle));
   }
 
   // Completes a queued request that will not run. Leaves e gone.
@@ -1060,40 +840,62 @@ class Pipeline {
   void complete_meta(Meta& m, Error&& err, BatchTime now, bool from_batch, BatchTime formed) noexcept {
     m.cancel.reset();
     const Status s = err.status;
-    count_status(s, err.reason, 1);
+    const RejectReason r = err.reason;
     const auto latency = elapsed(m.arrival, now);
-    admission_->release(std::move(m.ticket), s, latency);
-    if (metrics_) metrics_->hist[Hist::end_to_end]->record(latency);
-    occupancy_.leave(now, 1, from_batch ? 1 : 0, formed, latency);
-    deliver(m.done, Outcome<Resp>(std::move(err)));
+    ledger_.leave(now, 1, from_batch ? 1 : 0, formed, latency);
+    settle(m, s, r, latency, Outcome<Resp>(std::move(err)));
   }
 
-  // What the former hands over of a request that will not run: completes it, once its
-  // place is back in the pool (whoever the completion wakes sees the queue without it).
+  // What the former hands over of a request that will not run: its place goes back to the
+  // pool at once, its completion waits in dead_ (see lead_step), or runs now if even that
+  // small record cannot be allocated.
   auto dead_sink() noexcept {
     return [this](Entry& e, Status why, BatchTime now) {
       publish_dequeued();
-      switch (why) {
-        case Status::cancelled:
-          complete_entry(e, Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}}, now);
-          break;
-        case Status::rejected:
-          complete_entry(e,
-                         Error{Status::rejected, RejectReason::shutting_down,
-                               "tailbatch: the pipeline shut down before the request could run", {}},
-                         now);
-          break;
-        default:
-          complete_entry(e,
-                         Error{Status::deadline_exceeded, RejectReason::none,
-                               "tailbatch: the deadline passed before the request could run", {}},
-                         now);
-          break;
+      const bool room = !detail::call_guarded(
+          [&] {
+            if (dead_.size() == dead_.capacity()) dead_.reserve(std::max<std::size_t>(16, 2 * dead_.capacity()));
+          },
+          [](const char*) {});
+      if (room) {
+        dead_.push_back(Dead{std::move(e.meta), why, now});  // within capacity: no throw
+      } else {
+        complete_dead(e.meta, why, now);
       }
     };
   }
 
-  void reject_all_staged() noexcept { former_.remove_all(clock_.now(), dead_sink()); }
+  // Completes a request taken off the queue at `at` without running.
+  void complete_dead(Meta& m, Status why, BatchTime at) noexcept {
+    switch (why) {
+      case Status::cancelled:
+        complete_meta(m, Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}}, at, false, at);
+        break;
+      case Status::rejected:
+        complete_meta(m,
+                      Error{Status::rejected, RejectReason::shutting_down,
+                            "tailbatch: the pipeline shut down before the request could run", {}},
+                      at, false, at);
+        break;
+      default:
+        complete_meta(m,
+                      Error{Status::deadline_exceeded, RejectReason::none,
+                            "tailbatch: the deadline passed before the request could run", {}},
+                      at, false, at);
+        break;
+    }
+  }
+
+  // Completes what the leader's turn took off the queue (under lead_mu_).
+  void complete_dead() noexcept {
+    for (Dead& d : dead_) complete_dead(d.meta, d.why, d.at);
+    dead_.clear();
+  }
+
+  void reject_all_staged() noexcept {
+    former_.remove_all(clock_.now(), dead_sink());
+    complete_dead();
+  }
 
   // Lane slots free for a batch now: the backend's count where it keeps one (with the
   // slot the leader holds, if any), else every slot not running one of this Pipeline's
@@ -1118,7 +920,6 @@ class Pipeline {
     b.reason = round.decision.reason;
     b.formed = now;
     counters_.in_flight.fetch_add(n, std::memory_order_relaxed);
-    drain_.update(n, now, counters_.drain_rate);
     note_submitter_limit(b, n);
     if (metrics_) {
       metrics_->hist[Hist::formation]->record(elapsed(b.opened, now));
@@ -1164,7 +965,7 @@ class Pipeline {
     counters_.running_batches.fetch_add(1, std::memory_order_relaxed);
     const BatchTime start = clock_.now();
     if (start > b.earliest_deadline || b.cancellable) {
-      counters_.dropped_at_start.fetch_add(b.drop_unstartable(start, policy_pads()), std::memory_order_relaxed);
+      counters_.dropped_at_start.fetch_add(b.drop_unstartable(start, detail::policy_pads(policy_)), std::memory_order_relaxed);
     }
     const std::size_t n = b.metas.size();
     bool threw = false;
@@ -1184,37 +985,30 @@ class Pipeline {
     // The lane is free before the completions run.
     lease.reset();
     counters_.running_batches.fetch_sub(1, std::memory_order_relaxed);
-    if (n > 0) counters_.batch_ran(b.reason, n, elapsed(start, end), metrics_.get());
+    if (n > 0) {
+      counters_.batch_ran(b.reason, n, elapsed(start, end), metrics_.get());
+      const double per_slot = ledger_.service().record(n, elapsed(start, end));
+      counters_.drain_rate.store(per_slot * static_cast<double>(total_slots_), std::memory_order_relaxed);
+    }
     BatchDuration latency_sum{0};
     for (const Meta& m : b.metas) latency_sum += elapsed(m.arrival, end);
-    occupancy_.leave(end, n, n, b.formed, latency_sum);
-    std::uint64_t ok = 0;
-    std::uint64_t cancelled = 0;
-    std::uint64_t failed = 0;
+    ledger_.leave(end, n, n, b.formed, latency_sum);
     for (std::size_t i = 0; i < n; ++i) {
       Meta& m = b.metas[i];
       const bool was_cancelled = m.cancelled();
       m.cancel.reset();
       const auto latency = elapsed(m.arrival, end);
       if (was_cancelled) {
-        ++cancelled;
-        admission_->release(std::move(m.ticket), Status::cancelled, latency);
-        deliver(m.done, Outcome<Resp>(Error{Status::cancelled, RejectReason::none,
-                                            "tailbatch: cancelled; the result was discarded", {}}));
+        settle(m, Status::cancelled, RejectReason::none, latency,
+               Outcome<Resp>(Error{Status::cancelled, RejectReason::none,
+                                   "tailbatch: cancelled; the result was discarded", {}}));
       } else if (threw) {
-        ++failed;
-        admission_->release(std::move(m.ticket), Status::failed, latency);
-        deliver(m.done, Outcome<Resp>(Error{Status::failed, RejectReason::none, error, {}}));
+        settle(m, Status::failed, RejectReason::none, latency,
+               Outcome<Resp>(Error{Status::failed, RejectReason::none, error, {}}));
       } else {
-        ++ok;
-        admission_->release(std::move(m.ticket), Status::ok, latency);
-        deliver(m.done, Outcome<Resp>(std::move(b.resps[i])));
+        settle(m, Status::ok, RejectReason::none, latency, Outcome<Resp>(std::move(b.resps[i])));
       }
-      if (metrics_) metrics_->hist[Hist::end_to_end]->record(latency);
     }
-    count_status(Status::ok, RejectReason::none, ok);
-    count_status(Status::cancelled, RejectReason::none, cancelled);
-    count_status(Status::failed, RejectReason::none, failed);
     const std::size_t dropped = b.dropped.size();
     for (std::size_t i = 0; i < dropped; ++i) {
       const bool was_cancelled = b.dropped_status[i] == Status::cancelled;
@@ -1224,6 +1018,8 @@ class Pipeline {
                                           "tailbatch: the deadline passed before the request's batch could start", {}},
                     end, true, b.formed);
     }
+    // What the leader took off the queue while forming this batch, now that it ran.
+    for (detail::DeadRequest<Meta>& d : b.dead) complete_dead(d.meta, d.why, d.at);
     // The policy learns after the completions: its work never delays them.
     if constexpr (BatchFeedbackPolicy<Policy>) {
       if (n > 0) policy_.on_batch_executed(BatchFeedback{n, b.padded, elapsed(start, end), lane_index, start, threw, b.formed, b.reason});
@@ -1233,14 +1029,6 @@ class Pipeline {
     if (b.warn_submitters) {
       b.warn_submitters = false;
       warn_submitter_limit(b.blocked);
-    }
-  }
-
-  [[nodiscard]] bool policy_pads() const noexcept {
-    if constexpr (requires { { policy_.may_pad() } -> std::convertible_to<bool>; }) {
-      return policy_.may_pad();
-    } else {
-      return false;
     }
   }
 
@@ -1280,8 +1068,9 @@ class Pipeline {
   Former former_;  // the staged queue and batch formation
   detail::CycleCalibration calibration_;  // the cycle counter's rate, for arrival stamps
   bool finished_ = false;
-  detail::DrainRate drain_;
   Batch manual_batch_;
+  // Requests this turn took off the queue without running, not yet completed.
+  std::vector<Dead> dead_;
   // Consecutive batches that looked limited by blocked submitters; the warning is given
   // once, after this many.
   static constexpr std::size_t submitter_warn_after = 16;
@@ -1291,10 +1080,9 @@ class Pipeline {
   // Counters (and the drain rate, in_flight, the blocked submitters), read by stats().
   detail::PipelineCounters counters_;
 
-  // The occupancy integrals and the Little's-law check's last reading.
-  detail::OccupancyMeter occupancy_;
-  std::mutex littles_mu_;
-  PipelineOccupancy littles_last_{};
+  // Where every request's life ends: outcome counts, the load integrals and the
+  // Little's-law check, the end-to-end histogram, the service rate (retry-after hint).
+  detail::OutcomeLedger ledger_;
 
   std::mutex shutdown_mu_;
   bool shut_down_ = false;

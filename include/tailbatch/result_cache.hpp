@@ -79,6 +79,7 @@
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/cache/frequency_sketch.hpp>
 #include <tailbatch/detail/cache/optimistic_index.hpp>
+#include <tailbatch/detail/request_intake.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/detail/cache/tinylfu_store.hpp>
 #include <tailbatch/metrics.hpp>
@@ -377,83 +378,35 @@ class ResultCache {
     requires std::same_as<typename P::Request, Key> && std::same_as<typename P::Response, Value> &&
              std::is_invocable_v<std::decay_t<F>&, Outcome<Value>&&>
   void submit(P& pipeline, Key req, SubmitOptions options, F&& on_complete) noexcept {
-    if (options.cancel.stop_requested()) {
-      deliver_user(on_complete, Outcome<Value>(cancelled_error()));
+    // Arrival, deadline and the refusals every front door shares, on the Pipeline's clock
+    // (detail/request_intake.hpp): a request the Pipeline would turn away at once is
+    // turned away here, before the lookup, with the same outcome.
+    const detail::Intake in = detail::intake(options, now_of<P>(&pipeline));
+    if (!in.accepted()) {
+      if (in.refusal == detail::IntakeRefusal::cancelled) {
+        deliver_user(on_complete, Outcome<Value>(cancelled_error()));
+      } else {
+        deliver_intake_refusal(on_complete, in);
+      }
       return;
     }
     const std::uint64_t h = mixed_hash(req);
     Shard& s = shard_of(h);
     std::shared_ptr<Waiter> waiter;
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-#endif
-      if constexpr (Store::optimistic) {
-        const auto found = s.store->probe(req, h);
-        if (optimistic_hit(s, h, found)) {
-          deliver_user(on_complete, Outcome<Value>(found.value()));
-          return;
-        }
-      }
-      std::unique_lock lock(s.mu);
-      Node* n = live_node(s, req, h);
-      if (n != nullptr) {
-        std::optional<Value> v(n->value);
-        s.store->hit(n);
-        ++s.hits;
-        lock.unlock();
-        if (metrics_) metrics_->hits->inc();
-        deliver_user(on_complete, Outcome<Value>(std::move(*v)));
-        return;
-      }
-      s.store->record(h);
-      const BatchTime deadline = effective_deadline(pipeline, options);
-      waiter = std::make_shared<Waiter>(deadline);
-      waiter->done = detail::CacheCallback<Value>(std::forward<F>(on_complete));
-      auto it = s.flights->find(detail::KeyRef<Key>{&req, h});
-      if (it != s.flights->end() && deadline >= it->second->deadline) {
-        Flight& f = *it->second;
-        f.waiters.push_back(waiter);
-        waiter->flight = &f;
-        ++f.live;
-        ++s.coalesced;
-        lock.unlock();
-        if (metrics_) metrics_->coalesced->inc();
-        watch_cancel(s, waiter, options.cancel);
-        return;
-      }
-      ++s.misses;
-      if (it != s.flights->end()) {
-        // Tighter deadline than the shared request: runs on its own, still cached when ok.
-        lock.unlock();
-        if (metrics_) metrics_->misses->inc();
-        submit_alone(pipeline, std::move(req), h, options, deadline, std::move(waiter));
-        return;
-      }
-      auto flight = std::make_shared<Flight>(req, h, deadline, options.priority);
-      flight->waiters.push_back(waiter);
-      waiter->flight = flight.get();
-      flight->live = 1;
-      if (options.cancel.stop_possible()) flight->stop.emplace();
-      flight->bind(pipeline);
-      s.flights->emplace(detail::KeyRef<Key>{&flight->key, h}, flight);
-      in_flight_.fetch_add(1, std::memory_order_relaxed);
-      lock.unlock();
-      if (metrics_) metrics_->misses->inc();
-      watch_cancel(s, waiter, options.cancel);
-      launch(pipeline, std::move(req), std::move(flight));
-#if TAILBATCH_HAS_EXCEPTIONS
-    } catch (...) {
-      // Out of memory (or a throwing Key copy) before the request was shared: the caller
-      // hears of it through whichever holds its callback now.
-      Outcome<Value> failed(Error{Status::failed, RejectReason::none, "tailbatch: ResultCache: out of memory", {}});
-      if (waiter == nullptr) {
-        deliver_user(on_complete, std::move(failed));
-      } else if (waiter->done) {
-        deliver_user(waiter->done, std::move(failed));
-      }
-    }
-#endif
+    // Out of memory (or a throwing Key copy) before the request was shared: the caller
+    // hears of it through whichever holds its callback then.
+    detail::call_guarded(
+        [&] { submit_miss_or_hit<P, F>(pipeline, std::move(req), options, in, h, s, waiter, on_complete); },
+        [&](const char*) {
+          Outcome<Value> failed(Error{Status::failed, RejectReason::none, "tailbatch: ResultCache: out of memory", {}});
+          if (waiter == nullptr) {
+            deliver_user(on_complete, std::move(failed));
+          } else if (waiter->done) {
+            deliver_user(waiter->done, std::move(failed));
+          }
+        });
   }
+
 
   // As above, returning a future of the outcome, always fulfilled. Allocates the
   // future's shared state; throws std::bad_alloc only. Thread-safe.
@@ -529,6 +482,7 @@ class ResultCache {
     Key key;
     std::uint64_t hash;
     BatchTime deadline;
+    BatchTime arrival = BatchTime::min();  // its leader's (SubmitOptions::arrival as intake saw it)
     Priority priority;
     std::vector<std::shared_ptr<Waiter>> waiters;
     std::size_t live = 0;                   // waiters attached and not cancelled
@@ -753,33 +707,90 @@ class ResultCache {
     return stored;
   }
 
+  // submit()'s body past intake: a hit, a join, or a new shared request. Throws only
+  // std::bad_alloc and what copying a Key throws (submit() turns either into an outcome).
+  template <class P, class F>
+  void submit_miss_or_hit(P& pipeline, Key&& req, const SubmitOptions& options, const detail::Intake& in,
+                          std::uint64_t h, Shard& s, std::shared_ptr<Waiter>& waiter, F& on_complete) {
+    if constexpr (Store::optimistic) {
+      const auto found = s.store->probe(req, h);
+      if (optimistic_hit(s, h, found)) {
+        deliver_user(on_complete, Outcome<Value>(found.value()));
+        return;
+      }
+    }
+    std::unique_lock lock(s.mu);
+    Node* n = live_node(s, req, h);
+    if (n != nullptr) {
+      std::optional<Value> v(n->value);
+      s.store->hit(n);
+      ++s.hits;
+      lock.unlock();
+      if (metrics_) metrics_->hits->inc();
+      deliver_user(on_complete, Outcome<Value>(std::move(*v)));
+      return;
+    }
+    s.store->record(h);
+    const BatchTime deadline = in.deadline;
+    waiter = std::make_shared<Waiter>(deadline);
+    waiter->done = detail::CacheCallback<Value>(std::forward<F>(on_complete));
+    auto it = s.flights->find(detail::KeyRef<Key>{&req, h});
+    if (it != s.flights->end() && deadline >= it->second->deadline) {
+      Flight& f = *it->second;
+      f.waiters.push_back(waiter);
+      waiter->flight = &f;
+      ++f.live;
+      ++s.coalesced;
+      lock.unlock();
+      if (metrics_) metrics_->coalesced->inc();
+      watch_cancel(s, waiter, options.cancel);
+      return;
+    }
+    ++s.misses;
+    if (it != s.flights->end()) {
+      // Tighter deadline than the shared request: runs on its own, still cached when ok.
+      lock.unlock();
+      if (metrics_) metrics_->misses->inc();
+      submit_alone(pipeline, std::move(req), h, options, in, std::move(waiter));
+      return;
+    }
+    auto flight = std::make_shared<Flight>(req, h, deadline, options.priority);
+    flight->arrival = in.arrival;
+    flight->waiters.push_back(waiter);
+    waiter->flight = flight.get();
+    flight->live = 1;
+    if (options.cancel.stop_possible()) flight->stop.emplace();
+    flight->bind(pipeline);
+    s.flights->emplace(detail::KeyRef<Key>{&flight->key, h}, flight);
+    in_flight_.fetch_add(1, std::memory_order_relaxed);
+    lock.unlock();
+    if (metrics_) metrics_->misses->inc();
+    watch_cancel(s, waiter, options.cancel);
+    launch(pipeline, std::move(req), std::move(flight));
+  }
+
+
   // ---- delivery ----------------------------------------------------------------------
 
   template <class F>
   void deliver_user(F& f, Outcome<Value>&& o) noexcept {
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-      f(std::move(o));
-    } catch (...) {
+    if (detail::call_guarded([&] { f(std::move(o)); }, [](const char*) {})) {
       callback_exceptions_.fetch_add(1, std::memory_order_relaxed);
     }
-#else
-    f(std::move(o));
-#endif
   }
 
   static Error cancelled_error() {
     return Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}};
   }
 
-  template <class P>
-  static BatchTime effective_deadline(P& pipeline, const SubmitOptions& o) noexcept {
-    BatchTime d = o.deadline;
-    if (o.timeout > std::chrono::nanoseconds::zero()) {
-      d = std::min(d, detail::saturating_add(pipeline.clock().now(),
-                                             std::chrono::duration_cast<BatchDuration>(o.timeout)));
+  // A request intake refused for its time budget (detail/request_intake.hpp).
+  template <class F>
+  void deliver_intake_refusal(F& f, const detail::Intake& in) noexcept {
+    Outcome<Value> o(Error{in.status(), RejectReason::none, {}, {}});
+    if (detail::call_guarded([&] { o = Outcome<Value>(in.error()); }, [](const char*) {})) {
+      // Out of memory for the message: the status alone.
     }
-    return d;
+    deliver_user(f, std::move(o));
   }
 
   // ---- cancellation ------------------------------------------------------------------
@@ -812,6 +823,7 @@ class ResultCache {
   void launch(P& pipeline, Key&& req, std::shared_ptr<Flight> flight) noexcept {
     SubmitOptions o;
     o.deadline = flight->deadline;
+    o.arrival = flight->arrival;
     o.priority = flight->priority;
     if (flight->stop) o.cancel = flight->stop->get_token();
     pipeline.submit(std::move(req), o, [this, f = std::move(flight)](Outcome<Value>&& out) mutable {
@@ -832,9 +844,10 @@ class ResultCache {
   // A request with a tighter deadline than the shared one: one waiter, not in the flight
   // map, but its ok outcome is cached all the same.
   template <class P>
-  void submit_alone(P& pipeline, Key&& req, std::uint64_t h, SubmitOptions options, BatchTime deadline,
+  void submit_alone(P& pipeline, Key&& req, std::uint64_t h, const SubmitOptions& options, const detail::Intake& in,
                     std::shared_ptr<Waiter> waiter) {
-    auto flight = std::make_shared<Flight>(req, h, deadline, options.priority);
+    auto flight = std::make_shared<Flight>(req, h, in.deadline, options.priority);
+    flight->arrival = in.arrival;
     flight->waiters.push_back(waiter);
     waiter->flight = flight.get();
     flight->live = 1;
@@ -890,15 +903,9 @@ class ResultCache {
         again->stop.reset();
         bool joined = false;
         if (!f->alone) {
-#if TAILBATCH_HAS_EXCEPTIONS
-          try {
-#endif
-            s.flights->emplace(detail::KeyRef<Key>{&again->key, again->hash}, again);
-            joined = true;
-#if TAILBATCH_HAS_EXCEPTIONS
-          } catch (...) {
-          }
-#endif
+          // Out of memory for the map node: it runs alone (nobody joins it).
+          joined = !detail::call_guarded(
+              [&] { s.flights->emplace(detail::KeyRef<Key>{&again->key, again->hash}, again); }, [](const char*) {});
         }
         again->alone = !joined;
         ++s.resubmitted;
@@ -906,16 +913,14 @@ class ResultCache {
         in_flight_.fetch_sub(1, std::memory_order_relaxed);
       }
       if (out.ok()) {
-#if TAILBATCH_HAS_EXCEPTIONS
-        try {
-#endif
-          Value v = out.value();
-          insert_locked(s, Key(f->key), std::move(v), f->hash);
-#if TAILBATCH_HAS_EXCEPTIONS
-        } catch (...) {
-          // Not cached; the waiters still get their value.
-        }
-#endif
+        // On failure (a copy throws, out of memory) it is not cached; the waiters still
+        // get their value.
+        detail::call_guarded(
+            [&] {
+              Value v = out.value();
+              insert_locked(s, Key(f->key), std::move(v), f->hash);
+            },
+            [](const char*) {});
       }
     }
     if (again) resubmit_nothrow(again);
@@ -934,49 +939,40 @@ class ResultCache {
   }
 
   void deliver_copy(detail::CacheCallback<Value>& d, const Outcome<Value>& out) noexcept {
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-      Outcome<Value> copy = out.ok() ? Outcome<Value>(out.value()) : Outcome<Value>(out.error());
-      deliver_user(d, std::move(copy));
-    } catch (...) {
+    std::optional<Outcome<Value>> copy;
+    detail::call_guarded([&] { copy.emplace(out.ok() ? Outcome<Value>(out.value()) : Outcome<Value>(out.error())); },
+                         [](const char*) {});
+    if (copy) {
+      deliver_user(d, std::move(*copy));
+    } else {
       deliver_user(d, Outcome<Value>(Error{Status::failed, RejectReason::none,
                                            "tailbatch: ResultCache: copying the result failed", {}}));
     }
-#else
-    deliver_user(d, out.ok() ? Outcome<Value>(out.value()) : Outcome<Value>(out.error()));
-#endif
   }
 
   // Submits `again` to its Pipeline; if even copying its key fails, its waiters hear so.
   void resubmit_nothrow(const std::shared_ptr<Flight>& again) noexcept {
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-#endif
-      again->resubmit(*this, again->pipeline, Key(again->key), again);
-#if TAILBATCH_HAS_EXCEPTIONS
-    } catch (...) {
+    if (detail::call_guarded([&] { again->resubmit(*this, again->pipeline, Key(again->key), again); },
+                             [](const char*) {})) {
       finish(again, Outcome<Value>(Error{Status::failed, RejectReason::none,
                                          "tailbatch: ResultCache: out of memory submitting again", {}}));
     }
-#endif
   }
 
   std::shared_ptr<Flight> make_flight_nothrow(const std::shared_ptr<Flight>& from, BatchTime deadline) noexcept {
-#if TAILBATCH_HAS_EXCEPTIONS
-    try {
-#endif
-      auto f = std::make_shared<Flight>(from->key, from->hash, deadline, from->priority);
-      f->pipeline = from->pipeline;
-      f->resubmit = from->resubmit;
-      f->pipeline_now = from->pipeline_now;
-      f->alone = from->alone;
-      f->waiters.reserve(from->waiters.capacity());
-      return f;
-#if TAILBATCH_HAS_EXCEPTIONS
-    } catch (...) {
-      return nullptr;
-    }
-#endif
+    std::shared_ptr<Flight> f;
+    detail::call_guarded(
+        [&] {
+          f = std::make_shared<Flight>(from->key, from->hash, deadline, from->priority);
+          f->arrival = from->arrival;
+          f->pipeline = from->pipeline;
+          f->resubmit = from->resubmit;
+          f->pipeline_now = from->pipeline_now;
+          f->alone = from->alone;
+          f->waiters.reserve(from->waiters.capacity());
+        },
+        [&](const char*) { f.reset(); });
+    return f;
   }
 
   // ---- metrics -----------------------------------------------------------------------

@@ -18,11 +18,13 @@
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/littles_law.hpp>
+#include <tailbatch/load.hpp>
 #include <tailbatch/autoscaler.hpp>
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/adaptive_window.hpp>
 #include <tailbatch/policy_variant.hpp>
 #include <tailbatch/lanes.hpp>
+#include <tailbatch/pipeline_config.hpp>
 #include <tailbatch/pipeline.hpp>
 #include <tailbatch/token_streamer.hpp>
 #include <tailbatch/continuous_batcher.hpp>

@@ -67,14 +67,20 @@ struct TokenStreamerConfig {
   // costs time to first token.
   bool flush_first_token = true;
 
+  // The first bad field, as "capacity must be >= 1", or nullptr when the options are
+  // valid. Never throws, never allocates. Thread-safe.
+  [[nodiscard]] const char* problem() const noexcept {
+    if (capacity < 1) return "capacity must be >= 1";
+    if (coalesce_tokens < 1) return "coalesce_tokens must be >= 1";
+    if (capacity < coalesce_tokens) return "capacity must be >= coalesce_tokens";
+    if (coalesce_interval < std::chrono::nanoseconds::zero()) return "coalesce_interval must be >= 0";
+    return nullptr;
+  }
+
   // Throws std::invalid_argument naming the first bad field, prefixed by `who` (e.g.
   // "TokenStreamer: capacity must be >= 1"). Thread-safe.
   void validate(std::string_view who = "TokenStreamer: ") const {
-    auto fail = [&](const char* what) { detail::throw_invalid_argument(std::string(who) + what); };
-    if (capacity < 1) fail("capacity must be >= 1");
-    if (coalesce_tokens < 1) fail("coalesce_tokens must be >= 1");
-    if (capacity < coalesce_tokens) fail("capacity must be >= coalesce_tokens");
-    if (coalesce_interval < std::chrono::nanoseconds::zero()) fail("coalesce_interval must be >= 0");
+    if (const char* what = problem()) detail::throw_invalid_argument(std::string(who) + what);
   }
 };
 // The old name compiles, with a deprecation warning, until the next minor version (CHANGELOG.md).

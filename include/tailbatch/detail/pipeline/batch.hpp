@@ -22,6 +22,15 @@
 
 namespace tailbatch::detail {
 
+// A request taken off the queue without running (cancelled, expired, or refused at
+// shutdown), whose completion waits until the next batch has been handed to its lane.
+template <class Meta>
+struct DeadRequest {
+  Meta meta;
+  Status why = Status::deadline_exceeded;
+  BatchTime at{};  // when it was taken off
+};
+
 template <class Req, class Resp, class Meta>
 struct PipelineBatch {
   std::vector<Req> reqs;
@@ -41,6 +50,9 @@ struct PipelineBatch {
   std::vector<Status> dropped_status;
   std::vector<Req> kept_reqs;
   std::vector<Meta> kept_metas;
+  // Requests the leader took off the queue while forming this batch, completed after its
+  // model call (so that their callbacks never delay its start).
+  std::vector<DeadRequest<Meta>> dead;
 
   // Reserves every vector for `most` requests. Throws std::bad_alloc.
   void reserve(std::size_t most) {
@@ -133,6 +145,7 @@ struct PipelineBatch {
     resps.clear();
     dropped.clear();
     dropped_status.clear();
+    dead.clear();
   }
 };
 

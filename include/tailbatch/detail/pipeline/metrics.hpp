@@ -1,4 +1,4 @@
-// What a Pipeline counts and exports: its outcome counters, its drain rate, and its
+// What a Pipeline counts and exports: its outcome counters, and its
 // tailbatch_pipeline_* metrics.
 //
 // None of it depends on the Pipeline's request, response, policy, lane or clock types, so it
@@ -26,6 +26,7 @@
 
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/detail/math.hpp>
+#include <tailbatch/detail/outcome_ledger.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/outcome.hpp>
 
@@ -58,20 +59,15 @@ struct PipelineMetrics {
 
 // Counts since construction. Relaxed atomics; see the file comment.
 struct PipelineCounters {
-  std::atomic<double> drain_rate{0.0};
+  std::atomic<double> drain_rate{0.0};  // requests served per second (detail/service_rate.hpp)
   std::atomic<std::size_t> in_flight{0};
   std::atomic<std::uint64_t> inline_submitted{0};
-  std::array<std::atomic<std::uint64_t>, 5> by_status{};
-  std::array<std::atomic<std::uint64_t>, 5> rejected_by_reason{};
   std::array<std::atomic<std::uint64_t>, dispatch_reason_count> dispatched{};
   std::atomic<std::uint64_t> batched_requests{0};
   std::atomic<std::uint64_t> callback_exceptions{0};
   std::atomic<std::uint64_t> dropped_at_start{0};
   std::atomic<std::uint64_t> submitter_limited{0};
   std::atomic<std::size_t> running_batches{0};  // this Pipeline's batches holding a lane slot
-  // The last check_littles_law()'s result, for the gauges.
-  std::atomic<double> littles_deviation{0.0};
-  std::atomic<bool> littles_suspected{false};
   // Future-returning submits not yet completed; its own cache line, away from what every
   // callback submit touches.
   alignas(64) std::atomic<std::int64_t> future_waiters{0};
@@ -80,10 +76,9 @@ struct PipelineCounters {
     return static_cast<std::size_t>(std::max<std::int64_t>(0, future_waiters.load(std::memory_order_relaxed)));
   }
 
+  // n outcomes, on the metric series (the counts themselves are the OutcomeLedger's).
   void count(Status s, RejectReason r, std::uint64_t n, const PipelineMetrics* m) noexcept {
     if (n == 0) return;
-    by_status[static_cast<std::size_t>(s)].fetch_add(n, std::memory_order_relaxed);
-    if (s == Status::rejected) rejected_by_reason[static_cast<std::size_t>(r)].fetch_add(n, std::memory_order_relaxed);
     if (m != nullptr) {
       if (Counter* c = m->outcomes[pipeline_outcome_index(s, r)]) c->inc(n);
     }
@@ -117,43 +112,11 @@ struct PipelineCounters {
   }
 };
 
-// The rate at which batches take requests off the queue: the leader samples it (under its
-// lock), everyone reads counters.drain_rate.
-class DrainRate {
- public:
-  // Measures from `now` on.
-  void start(BatchTime now) noexcept {
-    count_ = 0;
-    last_sample_ = now;
-  }
-
-  void update(std::size_t n, BatchTime now, std::atomic<double>& rate) noexcept {
-    count_ += n;
-    const auto dt = now - last_sample_;
-    if (dt < std::chrono::milliseconds(10)) return;
-    const double inst = static_cast<double>(count_) / std::chrono::duration<double>(dt).count();
-    const double old = rate.load(std::memory_order_relaxed);
-    rate.store(old <= 0.0 ? inst : 0.5 * old + 0.5 * inst, std::memory_order_relaxed);
-    count_ = 0;
-    last_sample_ = now;
-  }
-
-  // The time `rate` needs to empty a queue `depth` deep (at least one); 0 while unmeasured.
-  [[nodiscard]] static std::chrono::nanoseconds retry_after(double rate, std::size_t depth) noexcept {
-    if (rate <= 0.0) return std::chrono::nanoseconds{0};
-    const double seconds = std::min(static_cast<double>(std::max<std::size_t>(1, depth)) / rate, 60.0);
-    return std::chrono::nanoseconds(detail::llround(seconds * 1e9));
-  }
-
- private:
-  std::uint64_t count_ = 0;
-  BatchTime last_sample_{};
-};
-
 // What the gauges read: the counters, and the queue depth through a pointer call (the
 // queue's type depends on the Pipeline's).
 struct PipelineGaugeSources {
   const PipelineCounters* counters = nullptr;
+  const OutcomeLedger* ledger = nullptr;
   std::size_t max_batch = 1;
   const void* owner = nullptr;
   std::size_t (*queued)(const void* owner) noexcept = nullptr;
@@ -227,11 +190,11 @@ struct PipelineGaugeSources {
       "tailbatch_pipeline_littles_law_deviation",
       "Relative deviation of the time-averaged requests in the pipeline from throughput x mean latency, at the "
       "last check_littles_law()",
-      base, [c] { return c->littles_deviation.load(std::memory_order_relaxed); }));
+      base, [l = src.ledger] { return l != nullptr ? l->littles_deviation() : 0.0; }));
   m->gauges.push_back(r.gauge_callback(
       "tailbatch_pipeline_hidden_queue_suspected",
       "1 when the last check_littles_law() deviated by more than its threshold, else 0", base,
-      [c] { return c->littles_suspected.load(std::memory_order_relaxed) ? 1.0 : 0.0; }));
+      [l = src.ledger] { return l != nullptr && l->hidden_queue_suspected() ? 1.0 : 0.0; }));
   return m;
 }
 
@@ -245,38 +208,3 @@ struct PipelineGaugeSources {
 }
 
 }  // namespace tailbatch::detail
-
-namespace tailbatch {
-
-// PipelineConfig::metrics: the registry a Pipeline registers its metrics with, or none.
-// Assigned and compared like a MetricsRegistry* (`config.metrics = &registry;`,
-// `config.metrics != nullptr`). Assigning a registry also takes the address of the
-// registering code, so that code is compiled only where some Pipeline is given a
-// registry. Never throws. Thread-safe (a value).
-class PipelineMetricsTarget {
- public:
-  using Register = std::unique_ptr<detail::PipelineMetrics> (*)(MetricsRegistry&, const Labels&,
-                                                                const detail::PipelineGaugeSources&);
-
-  constexpr PipelineMetricsTarget() noexcept = default;
-  constexpr PipelineMetricsTarget(std::nullptr_t) noexcept {}  // NOLINT: as a pointer is
-  PipelineMetricsTarget(MetricsRegistry* registry) noexcept  // NOLINT: as a pointer is
-      : registry_(registry), register_(registry != nullptr ? &detail::register_pipeline_metrics : nullptr) {}
-
-  [[nodiscard]] MetricsRegistry* get() const noexcept { return registry_; }
-  operator MetricsRegistry*() const noexcept { return registry_; }  // NOLINT: as a pointer is
-  MetricsRegistry* operator->() const noexcept { return registry_; }
-
-  // Registers the Pipeline's series; nullptr when there is no registry.
-  [[nodiscard]] std::unique_ptr<detail::PipelineMetrics> register_pipeline(
-      const Labels& labels, const detail::PipelineGaugeSources& sources) const {
-    if (registry_ == nullptr || register_ == nullptr) return nullptr;
-    return register_(*registry_, labels, sources);
-  }
-
- private:
-  MetricsRegistry* registry_ = nullptr;
-  Register register_ = nullptr;
-};
-
-}  // namespace tailbatch

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -76,6 +77,22 @@ struct EnteredSums {
     cycles_count += o.cycles_count;
   }
 };
+
+// The sum of the ages at `now` of the requests summed in `in` (n x now - the sum of their
+// submit times, exact modulo 2^64 and small), the cycle-stamped ones converted at
+// ns_per_cycle from the counter reading `cycles` taken with `now`.
+[[nodiscard]] inline BatchDuration entered_age_sum(const EnteredSums& in, BatchTime now, std::uint64_t cycles,
+                                                   double ns_per_cycle) noexcept {
+  const auto now_ticks = static_cast<std::uint64_t>(now.time_since_epoch().count());
+  double age =
+      static_cast<double>(std::max<std::int64_t>(0, static_cast<std::int64_t>(in.ns_count * now_ticks - in.ns_sum)));
+  if (in.cycles_count > 0) {
+    const auto ticks = static_cast<std::int64_t>(in.cycles_count * cycles - in.cycles_sum);
+    const double ns = static_cast<double>(std::max<std::int64_t>(0, ticks)) * ns_per_cycle;
+    age += std::chrono::duration<double, BatchDuration::period>(std::chrono::duration<double, std::nano>(ns)).count();
+  }
+  return BatchDuration(static_cast<BatchDuration::rep>(age));
+}
 
 template <class Entry>
 class SubmitShards {

@@ -1,5 +1,6 @@
-// Time integrals of how many requests a Pipeline holds, for a Little's-law check on live
-// data: the number of requests in the Pipeline (queued or executing) and of those
+// Time integrals of how many requests a front door (Pipeline, ContinuousBatcher) holds, for
+// a Little's-law check on live data (detail/outcome_ledger.hpp keeps one): the number of
+// requests inside (queued or executing) and of those
 // executing, integrated over time, with the completions and their latencies summed. Two
 // readings give the time-averaged counts, the throughput and the mean latency over the
 // same window.
