@@ -438,6 +438,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     res->result(static_cast<unsigned>(code));
     res->reason(std::string(code == 401   ? "Unauthorized"
                             : code == 415 ? "Unsupported Media Type"
+                            : code == 501 ? "Not Implemented"
                                           : tb::http_reason_phrase(code)));
     res->set(http::field::server, "tailbatch-serve");
     res->set(http::field::content_type, std::string(content_type));
@@ -770,6 +771,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
     ctx_.keep_alive = parser_->get().keep_alive();
     ctx_.method = std::string(http::to_string(parser_->get().method()));
     ctx_.head = parser_->get().method() == http::verb::head;
+    if (const auto te = parser_->get().find(http::field::transfer_encoding);
+        te != parser_->get().end()) {
+      // Only "chunked" alone: with another coding before it ("gzip, chunked") the body
+      // would be read as plain text while it is not.
+      if (!iequal(std::string_view(te->value().data(), te->value().size()), "chunked")) {
+        close_after_ = true;
+        return respond_error(501, "not_implemented", "the only Transfer-Encoding served is chunked",
+                             {}, "", "unsupported_transfer_encoding");
+      }
+    }
     if (ctx_.version >= 11 && beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
       // curl asks before sending a body over 1 KiB, and waits a second for the answer.
       static const std::string go_on = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -1620,6 +1631,11 @@ std::string Server::stats_json() {
     const auto v = batch_sizes_[i].load(std::memory_order_relaxed);
     if (v) sizes[std::to_string(i + 1)] = v;
   }
+  json decode_sizes = json::object();
+  for (std::size_t i = 0; i < decode_batch_sizes_.size(); ++i) {
+    const auto v = decode_batch_sizes_[i].load(std::memory_order_relaxed);
+    if (v) decode_sizes[std::to_string(i + 1)] = v;
+  }
   json by_status = json::object(), rejections = json::object();
   for (auto s : {tb::Status::ok, tb::Status::rejected, tb::Status::deadline_exceeded,
                  tb::Status::cancelled, tb::Status::failed}) {
@@ -1659,6 +1675,7 @@ std::string Server::stats_json() {
                    {"steps", cs.steps},
                    {"tokens", cs.tokens},
                    {"tokens_per_s", token_rate_.per_second(now)},
+                   {"decode_batch_sizes", decode_sizes},
                    {"requests",
                     {{"ok", cs.count(tb::Status::ok)},
                      {"rejected", cs.count(tb::Status::rejected)},
