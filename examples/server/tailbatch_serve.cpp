@@ -240,7 +240,7 @@ class Server {
   const Options& options() const noexcept { return opt_; }
   asio::io_context& io() noexcept { return ioc_; }
   bool draining() const noexcept { return draining_.load(std::memory_order_acquire); }
-  bool ready() const noexcept { return ready_.load(std::memory_order_acquire) && !draining(); }
+  bool ready() const noexcept { return readiness_.is_ready() && !draining(); }
 
   // Request handling (called on a connection's strand).
   void handle(const std::shared_ptr<Connection>& c, http::request<http::string_body>&& req);
@@ -325,7 +325,7 @@ class Server {
   tb::Counter* littles_checks_ = nullptr;
   std::vector<tb::CallbackRegistration> gauges_;
 
-  std::atomic<bool> ready_{false};
+  tb::Readiness readiness_{&registry_};  // tailbatch_ready; set by the warm-up
   std::atomic<bool> draining_{false};
   std::atomic<int> in_flight_{0};
   std::atomic<int> connections_{0};
@@ -356,7 +356,7 @@ class Server {
   bool autoscale_off_ = false;
   bool loopback_bind_ = false;  // bound to a loopback address: the Host header is checked
   // Requests per second one lane ran in the warm-up's fastest full batch, times the lanes;
-  // written by the warm-up thread before ready_ (release), read after it (acquire).
+  // written by the warm-up thread before readiness_ (release), read after it (acquire).
   double measured_capacity_rps_ = 0.0;
 };
 
@@ -1729,39 +1729,46 @@ void Server::accept() {
 }
 
 void Server::warm_up() {
-  // Batches of every size up to max_batch, each a few times, through the Pipeline: every
-  // shape the model will see runs once before the server says it is ready.
-  // The rounds of full batches are timed: the fastest, over its size and times the lanes,
-  // is the capacity the Autoscaler plans with unless --capacity-rps says otherwise.
-  std::mutex mu;
-  std::condition_variable cv;
-  double fastest_full_s = 0.0;
-  for (std::size_t size = 1; size <= opt_.max_batch && !draining(); ++size) {
-    for (unsigned round = 0; round < opt_.warmup_rounds && !draining(); ++round) {
-      const auto round_start = std::chrono::steady_clock::now();
-      std::size_t left = size;
-      for (std::size_t i = 0; i < size; ++i) {
-        pipeline_->submit(
-            "warm-up text " + std::to_string(i) + " of a batch of " + std::to_string(size),
-            [&](tb::Outcome<ref::Prediction>&&) {
-              std::lock_guard lock(mu);
-              if (--left == 0) cv.notify_all();
-            });
-      }
-      std::unique_lock lock(mu);
-      cv.wait(lock, [&] { return left == 0; });
-      const double took =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - round_start).count();
-      if (size == opt_.max_batch && took > 0.0 && (fastest_full_s == 0.0 || took < fastest_full_s))
-        fastest_full_s = took;
+  // The library's warmup(): batches of every size up to max_batch, --warmup-rounds times
+  // per lane, through the Pipeline itself, before the server says it is ready; the same
+  // for the embedder; a few decode steps of the generator. Then one more round of full
+  // classify batches, timed: its rate is the capacity the Autoscaler plans with unless
+  // --capacity-rps says otherwise.
+  if (opt_.warmup_rounds > 0) {
+    const std::vector<std::string> samples = {"a warm-up text of a few words",
+                                              "another, longer warm-up text: "
+                                              "it reads like a short review"};
+    tb::WarmupConfig wc;
+    wc.rounds = opt_.warmup_rounds;
+    for (std::size_t size = 1; size <= opt_.max_batch; ++size) wc.sizes.push_back(size);
+    const tb::WarmupReport classify =
+        tb::warmup(*pipeline_, std::span<const std::string>(samples), wc);
+    const tb::WarmupReport embed =
+        tb::warmup(*embed_pipeline_, std::span<const std::string>(samples), wc);
+    if (!classify.ok() || !embed.ok()) {
+      std::fprintf(stderr, "tailbatch-serve: warm-up incomplete (%s); serving anyway\n",
+                   (!classify.ok() ? classify.first_error : embed.first_error).c_str());
     }
-  }
-  if (fastest_full_s > 0.0) {
-    measured_capacity_rps_ =
-        static_cast<double>(opt_.max_batch) * static_cast<double>(opt_.lanes) / fastest_full_s;
+    tb::WarmupConfig timed;
+    timed.sizes = {opt_.max_batch};
+    timed.rounds = opt_.warmup_rounds;
+    const tb::WarmupReport full =
+        tb::warmup(*pipeline_, std::span<const std::string>(samples), timed);
+    const double s = std::chrono::duration<double>(full.elapsed).count();
+    if (full.ok() && s > 0.0) measured_capacity_rps_ = static_cast<double>(full.requests) / s;
+    // The generator: a few steps over a full decode batch.
+    std::vector<std::shared_ptr<Batcher::Stream>> streams;
+    for (std::size_t i = 0; i < opt_.gen_max_active; ++i) {
+      Batcher::Request r;
+      vocab_.encode(samples[i % samples.size()], r.prompt);
+      r.max_new_tokens = 4;
+      r.state = text_generator_.new_state({}, i);
+      streams.push_back(batcher_->submit(std::move(r)));
+    }
+    for (auto& st : streams) (void)st->wait_end();
   }
   admission_.set_warming(false);
-  ready_.store(true, std::memory_order_release);
+  readiness_.set_ready(true);
   std::fprintf(stderr, "tailbatch-serve: warmed up (batch sizes 1..%zu, %u rounds each); ready\n",
                opt_.max_batch, opt_.warmup_rounds);
 }
