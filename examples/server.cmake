@@ -12,6 +12,10 @@ if(Boost_FOUND AND nlohmann_json_FOUND AND CLI11_FOUND)
   target_include_directories(tailbatch-serve PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/server)
   # Asio's own deprecated interfaces stay out of the build.
   target_compile_definitions(tailbatch-serve PRIVATE BOOST_ASIO_NO_DEPRECATED)
+  # examples/minimal_server.cpp (built by examples/CMakeLists.txt's glob): the smallest
+  # server to copy from, one route and one Pipeline. It needs Boost and nlohmann-json too.
+  target_link_libraries(minimal_server PRIVATE Boost::headers nlohmann_json::nlohmann_json Threads::Threads)
+  target_compile_definitions(minimal_server PRIVATE BOOST_ASIO_NO_DEPRECATED)
 else()
   set(_missing)
   if(NOT Boost_FOUND)
@@ -24,5 +28,6 @@ else()
     list(APPEND _missing "CLI11 (Debian: libcli11-dev)")
   endif()
   list(JOIN _missing ", " _missing)
-  message(STATUS "tailbatch: skipping tailbatch-serve: missing ${_missing}; scripts/deps.sh installs them")
+  set_target_properties(minimal_server PROPERTIES EXCLUDE_FROM_ALL TRUE)
+  message(STATUS "tailbatch: skipping tailbatch-serve and minimal_server: missing ${_missing}; scripts/deps.sh installs them")
 endif()

@@ -17,7 +17,8 @@ out=build/fuzz
 mkdir -p "$out"
 bin=$out/fuzz_request_decoding
 src=examples/server/fuzz_request_decoding.cpp
-if [[ ! -x $bin || $src -nt $bin || examples/server/request_decoding.hpp -nt $bin ]]; then
+if [[ ! -x $bin || $src -nt $bin || examples/server/request_decoding.hpp -nt $bin ||
+      examples/server/openai_protocol.hpp -nt $bin ]]; then
   echo "building $bin"
   "$cxx" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -fno-omit-frame-pointer -Wall -Wextra -Werror -Iexamples/server -Iinclude "$src" -o "$bin"

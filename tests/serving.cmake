@@ -31,3 +31,8 @@ set_tests_properties(tailbatch_serve_e2e PROPERTIES LABELS server TIMEOUT 60)
 add_test(NAME tailbatch_serve_autoscale
          COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/server/test_autoscale.py $<TARGET_FILE:tailbatch-serve>)
 set_tests_properties(tailbatch_serve_autoscale PROPERTIES LABELS server TIMEOUT 60)
+
+# examples/minimal_server.cpp, the smallest server to copy from (label `server`).
+add_test(NAME minimal_server
+         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/server/test_minimal_server.py $<TARGET_FILE:minimal_server>)
+set_tests_properties(minimal_server PROPERTIES LABELS server TIMEOUT 30)

@@ -2,22 +2,24 @@
 // and run by scripts/fuzz.sh with clang's -fsanitize=fuzzer,address,undefined.
 //
 // The first byte of an input picks what the rest is:
-//   0  a /v1/classify body          2  an X-Request-Timeout-Ms value
-//   1  a /v1/generate body          3  raw request bytes, read by Beast's request parser
-//                                      with the server's limits, then decoded by route
+//   0  a /v1/classify body          4  a /v1/completions body (openai_protocol.hpp)
+//   1  a /v1/generate body          5  a /v1/chat/completions body
+//   2  an X-Request-Timeout-Ms value  6  a /v1/embeddings body
+//   3  raw request bytes, read by Beast's request parser with the server's limits, then
+//      decoded by route
 // Every decoded value and every error message goes through the JSON the server answers
 // with, so that invalid UTF-8 in a message cannot make the answer throw. The decoders must
 // never throw or crash: an escaping exception aborts the run.
-#include "request_decoding.hpp"
-
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <string_view>
+
+#include "openai_protocol.hpp"
+#include "request_decoding.hpp"
 
 namespace {
 
@@ -52,6 +54,42 @@ void generate(std::string_view body, const DecodeLimits& limits) {
   answer({{"prompt", r->prompt}});
 }
 
+// An OpenAI error must name a status the server sends and carry a message; a decoded
+// request must respect every limit the decoder promises.
+void api_error(const tailbatch_serve::ApiError& e) {
+  if (e.message.empty() || (e.status != 400 && e.status != 404)) std::abort();
+  answer(tailbatch_serve::error_json(e));
+}
+
+void completion(std::string_view body, bool chat, const DecodeLimits& limits) {
+  tailbatch_serve::OpenAiLimits ol;
+  ol.max_tokens = 64;
+  ol.max_messages = 8;
+  tailbatch_serve::ApiError e;
+  const auto r = tailbatch_serve::decode_completion(body, chat, limits, ol, e);
+  if (!r) return api_error(e);
+  if (r->max_tokens < 1 || r->max_tokens > ol.max_tokens || r->stop.size() > ol.max_stop)
+    std::abort();
+  for (const auto& s : r->stop) {
+    if (s.empty() || s.size() > ol.max_stop_bytes) std::abort();
+  }
+  if (!(r->temperature >= 0.0f && r->temperature <= 2.0f) || !(r->top_p > 0.0f && r->top_p <= 1.0f))
+    std::abort();
+  if (chat != r->chat || (chat && !r->prompt.ends_with("assistant:"))) std::abort();
+  answer(
+      {{"model", r->model}, {"prompt", r->prompt}, {"user", tailbatch_serve::loggable(r->user)}});
+}
+
+void embeddings(std::string_view body, const DecodeLimits& limits) {
+  tailbatch_serve::OpenAiLimits ol;
+  ol.max_embedding_inputs = 8;
+  tailbatch_serve::ApiError e;
+  const auto r = tailbatch_serve::decode_embeddings(body, limits, ol, 16, e);
+  if (!r) return api_error(e);
+  if (r->inputs.empty() || r->inputs.size() > ol.max_embedding_inputs) std::abort();
+  for (const auto& in : r->inputs) answer({{"input", in}, {"b64", tailbatch_serve::base64(in)}});
+}
+
 void timeout(std::string_view value, const DecodeLimits& limits) {
   std::string error;
   const auto t = tailbatch_serve::decode_timeout(value, limits, error);
@@ -67,7 +105,8 @@ void raw_request(std::string_view bytes, const DecodeLimits& limits) {
   boost::beast::error_code ec;
   std::size_t used = 0;
   while (used < bytes.size() && !parser.is_done()) {
-    const std::size_t n = parser.put(boost::asio::buffer(bytes.data() + used, bytes.size() - used), ec);
+    const std::size_t n =
+        parser.put(boost::asio::buffer(bytes.data() + used, bytes.size() - used), ec);
     if (ec == http::error::need_more) break;
     if (ec) return;
     if (n == 0) break;
@@ -82,6 +121,9 @@ void raw_request(std::string_view bytes, const DecodeLimits& limits) {
   const std::string_view target(req.target().data(), req.target().size());
   if (target.starts_with("/v1/classify")) classify(req.body(), limits);
   if (target.starts_with("/v1/generate")) generate(req.body(), limits);
+  if (target.starts_with("/v1/completions")) completion(req.body(), false, limits);
+  if (target.starts_with("/v1/chat/completions")) completion(req.body(), true, limits);
+  if (target.starts_with("/v1/embeddings")) embeddings(req.body(), limits);
 }
 
 }  // namespace
@@ -93,11 +135,28 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   limits.max_texts = 8;  // small bounds reach the limit checks quickly
   limits.max_generate_tokens = 64;
   limits.max_json_depth = 6;
-  switch (data[0] % 4) {
-    case 0: classify(rest, limits); break;
-    case 1: generate(rest, limits); break;
-    case 2: timeout(rest, limits); break;
-    default: raw_request(rest, limits); break;
+  switch (data[0] % 7) {
+    case 0:
+      classify(rest, limits);
+      break;
+    case 1:
+      generate(rest, limits);
+      break;
+    case 2:
+      timeout(rest, limits);
+      break;
+    case 4:
+      completion(rest, false, limits);
+      break;
+    case 5:
+      completion(rest, true, limits);
+      break;
+    case 6:
+      embeddings(rest, limits);
+      break;
+    default:
+      raw_request(rest, limits);
+      break;
   }
   return 0;
 }

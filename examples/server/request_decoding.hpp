@@ -7,12 +7,11 @@
 // `error` to a message fit to send back to the client. Only std::bad_alloc escapes.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <charconv>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -23,9 +22,9 @@ namespace tailbatch_serve {
 
 // Bounds on what a request may ask for. Plain values.
 struct DecodeLimits {
-  std::size_t max_texts = 256;            // texts in one /v1/classify request
-  std::size_t max_json_depth = 16;        // nesting of arrays and objects in a body
-  std::size_t max_generate_tokens = 1024; // max_tokens of one /v1/generate request
+  std::size_t max_texts = 256;             // texts in one /v1/classify request
+  std::size_t max_json_depth = 16;         // nesting of arrays and objects in a body
+  std::size_t max_generate_tokens = 1024;  // max_tokens of one /v1/generate request
   std::size_t default_generate_tokens = 32;
   std::int64_t max_timeout_ms = 3'600'000;  // X-Request-Timeout-Ms above this is refused
 };
@@ -57,9 +56,12 @@ inline constexpr std::string_view timeout_header = "X-Request-Timeout-Ms";
   bool in_string = false, escaped = false;
   for (char c : text) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
     if (c == '"') {
@@ -75,8 +77,15 @@ inline constexpr std::string_view timeout_header = "X-Request-Timeout-Ms";
 }
 
 // Parses body as one JSON object, or sets error and returns nullopt. Allocates. Thread-safe.
-[[nodiscard]] inline std::optional<nlohmann::json> parse_object(std::string_view body, const DecodeLimits& limits,
-                                                              std::string& error) {
+[[nodiscard]] inline std::optional<nlohmann::json> parse_object(std::string_view body,
+                                                                const DecodeLimits& limits,
+                                                                std::string& error) {
+  // JSON text never holds a raw NUL; refusing it here means no parser can stop at one and
+  // let the bytes after it pass unread.
+  if (body.find('\0') != std::string_view::npos) {
+    error = "the body holds a NUL byte";
+    return std::nullopt;
+  }
   if (json_depth(body, limits.max_json_depth) > limits.max_json_depth) {
     error = "the body nests JSON deeper than " + std::to_string(limits.max_json_depth) + " levels";
     return std::nullopt;
@@ -101,7 +110,8 @@ inline constexpr std::string_view timeout_header = "X-Request-Timeout-Ms";
 
 // Decodes a /v1/classify body. Exactly one of "text" (a string) and "texts" (a non-empty
 // array of at most limits.max_texts strings) must be present. Allocates. Thread-safe.
-[[nodiscard]] inline std::optional<ClassifyRequest> decode_classify(std::string_view body, const DecodeLimits& limits,
+[[nodiscard]] inline std::optional<ClassifyRequest> decode_classify(std::string_view body,
+                                                                    const DecodeLimits& limits,
                                                                     std::string& error) {
   auto j = parse_object(body, limits, error);
   if (!j) return std::nullopt;
@@ -149,7 +159,8 @@ inline constexpr std::string_view timeout_header = "X-Request-Timeout-Ms";
 // Decodes a /v1/generate body: "prompt" a string (required), "max_tokens" an integer in
 // [1, limits.max_generate_tokens] (default limits.default_generate_tokens), "stream" a
 // boolean (default false). Allocates. Thread-safe.
-[[nodiscard]] inline std::optional<GenerateRequest> decode_generate(std::string_view body, const DecodeLimits& limits,
+[[nodiscard]] inline std::optional<GenerateRequest> decode_generate(std::string_view body,
+                                                                    const DecodeLimits& limits,
                                                                     std::string& error) {
   auto j = parse_object(body, limits, error);
   if (!j) return std::nullopt;
@@ -170,7 +181,8 @@ inline constexpr std::string_view timeout_header = "X-Request-Timeout-Ms";
       n = i < 0 ? 0 : static_cast<std::uint64_t>(i);
     }
     if (n < 1 || n > limits.max_generate_tokens) {
-      error = "\"max_tokens\" must be an integer from 1 to " + std::to_string(limits.max_generate_tokens);
+      error = "\"max_tokens\" must be an integer from 1 to " +
+              std::to_string(limits.max_generate_tokens);
       return std::nullopt;
     }
     r.max_tokens = static_cast<std::size_t>(n);
@@ -186,12 +198,12 @@ inline constexpr std::string_view timeout_header = "X-Request-Timeout-Ms";
 }
 
 // Decodes the X-Request-Timeout-Ms header's value: a decimal integer of milliseconds from
-// 0 to limits.max_timeout_ms, optional surrounding spaces or tabs. 0 means the deadline is
-// the request's arrival: it is answered 504 without running. Sets error on anything
-// else. Never allocates but for the message. Thread-safe.
-[[nodiscard]] inline std::optional<std::chrono::milliseconds> decode_timeout(std::string_view value,
-                                                                            const DecodeLimits& limits,
-                                                                            std::string& error) {
+// 0 to limits.max_timeout_ms, optional surrounding spaces or tabs. 0 means no budget, as
+// SubmitOptions::timeout = 0 does in the library: the request has no deadline at all (not
+// even --default-timeout-ms). Sets error on anything else. Never allocates but for the message.
+// Thread-safe.
+[[nodiscard]] inline std::optional<std::chrono::milliseconds> decode_timeout(
+    std::string_view value, const DecodeLimits& limits, std::string& error) {
   while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
   while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
   std::int64_t ms = -1;

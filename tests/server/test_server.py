@@ -151,7 +151,7 @@ def parse_sse(text):
 
 def raw_request(srv, method, path, body=b"", extra=b""):
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
-    req = b"%s %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n" % (
+    req = b"%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n" % (
         method.encode(), path.encode(), len(body), extra)
     s.sendall(req + body)
     return s
@@ -225,13 +225,24 @@ def main():
     s, h, _ = curl(a, "GET", "/v1/classify")
     check(s == 405 and h.get("allow") == "POST", "GET /v1/classify -> 405 with Allow: POST")
     s, h, _ = curl(a, "POST", "/metrics", "{}")
-    check(s == 405 and h.get("allow") == "GET", "POST /metrics -> 405 with Allow: GET")
+    check(s == 405 and h.get("allow") == "GET, HEAD", "POST /metrics -> 405 with Allow: GET, HEAD")
     check(curl(a, "GET", "/no/such/route")[0] == 404, "unknown route -> 404")
     s, _, b = curl(a, "POST", "/v1/classify", json.dumps({"text": "x" * 5000}))
     check(s == 413, "a body over --max-body-bytes -> 413")
 
+    # X-Request-Timeout-Ms: 0 means no budget (as SubmitOptions::timeout = 0 in the library).
     s, _, b = post_json(a, "/v1/classify", {"text": "x"}, {"X-Request-Timeout-Ms": "0"})
-    check(s == 504 and error_of(b)["status"] == "deadline_exceeded", "an expired deadline (X-Request-Timeout-Ms: 0) -> 504")
+    check(s == 200, "X-Request-Timeout-Ms: 0 is no budget -> 200")
+    # A budget spent before submit: the headers arrive, the body 100 ms later, the budget is 1 ms.
+    body = json.dumps({"text": "x"}).encode()
+    sock = socket.create_connection(("127.0.0.1", a.port), timeout=5)
+    sock.sendall(b"POST /v1/classify HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"X-Request-Timeout-Ms: 1\r\nContent-Length: %d\r\n\r\n" % len(body))
+    time.sleep(0.1)
+    sock.sendall(body)
+    s, _, b = read_response(sock)
+    sock.close()
+    check(s == 504 and error_of(b)["status"] == "deadline_exceeded", "an expired deadline -> 504")
     s, _, b = post_json(a, "/v1/classify", {"text": "x"}, {"X-Request-Timeout-Ms": "soon"})
     check(s == 400 and "X-Request-Timeout-Ms" in error_of(b)["message"], "a malformed X-Request-Timeout-Ms -> 400")
     s, _, b = post_json(a, "/v1/classify", {"text": "x"}, {"X-Request-Timeout-Ms": "5000"})
@@ -243,7 +254,7 @@ def main():
     # keep-alive: two requests on one connection
     sock = raw_request(a, "GET", "/healthz")
     r1 = read_response(sock)
-    sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: t\r\n\r\n")
+    sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     r2 = read_response(sock)
     sock.close()
     check(r1[0] == 200 and r2[0] == 200, "keep-alive: two requests answered on one connection")
@@ -357,7 +368,7 @@ def main():
     d = Server("--max-batch", "4", "--model-delay-ms", "300", "--warmup-rounds", "1", "--drain-timeout-ms", "250")
     d.wait_ready()
     idle = socket.create_connection(("127.0.0.1", d.port), timeout=5)
-    idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+    idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     check(read_response(idle)[0] == 200, "a keep-alive connection is open before SIGTERM")
     n = 12
     answers = [None] * n
@@ -378,7 +389,7 @@ def main():
     wait_for(all_arrived, "the requests did not all reach the server", 10)
     d.proc.send_signal(signal.SIGTERM)
     time.sleep(0.05)
-    idle.sendall(b"GET /readyz HTTP/1.1\r\nHost: t\r\n\r\n")
+    idle.sendall(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     s, h, b = read_response(idle)
     idle.close()
     check(s == 503 and "draining" in b, "after SIGTERM /readyz is 503 (draining)")
