@@ -19,8 +19,10 @@
 // through a small discrete-event model of the lanes (6000 Poisson arrivals at the
 // estimated rate, served in the learned times, each scaled by the model's measured
 // spread: the last 128 ratios of a batch's time to its size's mean, replayed in turn),
-// and the pair with the lowest predicted
-// p95 (or p99, when a p99 target is set and is the tighter) is put in force. Plans are
+// and the objective picks the pair to put in force: the predicted p95 (or p99, when a
+// p99 target is set and is the tighter) over its target, lowest; among the pairs within
+// 5 % of that lowest tail, the one with the least lane time per request (the cheapest
+// that is as fast); then the lower tail, then the shorter window and smaller size. Plans are
 // remembered per rate, so a load that comes back costs nothing to plan again.
 //
 // Planning cost, and its bound. Planning runs in on_batch_executed (which the Pipeline
