@@ -14,14 +14,19 @@
 //   * the queue's and the lanes' state, from each BatchView (candidates, queued, lanes).
 //
 // From these it plans, and re-plans whenever the rate moves by more than 4 % or the cost
-// model by more than 3 %: every (window, batch size) pair of a grid — windows from 0 to
+// model by more than 10 %: every (window, batch size) pair of a grid — windows from 0 to
 // twice a batch of one's cost, sizes 1, 2, 3, 4, 6, 8, 12, ... up to the cap — is played
 // through a small discrete-event model of the lanes (6000 Poisson arrivals at the
-// estimated rate, served in the learned times), and the pair with the lowest predicted
-// p95 (or p99, when a p99 target is set and is the tighter) is put in force. Plans are
+// estimated rate, served in the learned times, each scaled by the model's measured
+// spread: the last 128 ratios of a batch's time to its size's mean, replayed in turn),
+// and the objective picks the pair to put in force: the predicted p95 (or p99, when a
+// p99 target is set and is the tighter) over its target, lowest; among the pairs within
+// 5 % of that lowest tail, the one with the least lane time per request (the cheapest
+// that is as fast); then the lower tail, then the shorter window and smaller size. Plans are
 // remembered per rate, so a load that comes back costs nothing to plan again.
 //
-// Planning cost, and its bound. Planning runs in on_batch_executed, never in decide(),
+// Planning cost, and its bound. Planning runs in on_batch_executed (which the Pipeline
+// calls after the batch's completions, so they never wait for it), never in decide(),
 // and in slices: one call advances the plan in the making by at most plan_slice (8192)
 // simulated requests, plus one percentile selection over 5400 latencies when a candidate
 // ends, and the plan in force stays in force until the new one is done. That is the

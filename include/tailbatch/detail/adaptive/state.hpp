@@ -68,6 +68,10 @@ class AdaptiveState {
   // The queue in a view is read as a rate (see decide) from this many requests up.
   static constexpr std::size_t view_rate_min = 8;
   static constexpr double view_rise = 2.0;
+  // The objective: the plans whose predicted tail (p95 over its target, or p99 over its
+  // target when that is worse) is within this fraction of the lowest are equally good
+  // for latency; among them the one that spends the least lane time per request wins.
+  static constexpr double tail_tolerance = 0.05;
   // How much cheaper per request the larger batch must be for the lookahead to weigh it.
   static constexpr double lookahead_gain = 0.98;
 
@@ -104,6 +108,7 @@ class AdaptiveState {
     job_latencies_.resize(plan_requests);
     job_lane_free_.resize(max_plan_lanes);
     job_window_free_.resize(batch_grid_.size());
+    job_done_.resize(window_grid.size() * batch_grid_.size());
     if (c.metrics != nullptr) register_metrics(*c.metrics, c.metric_labels);
   }
 
@@ -308,10 +313,16 @@ class AdaptiveState {
     std::array<std::size_t, window_grid.size()> size_free{};
     std::size_t h = 0;          // requests simulated so far
     std::size_t h_batches = 0;  // and batches (the index into the spread)
+    double lane_time = 0.0;     // the candidate's lane time so far, seconds
     std::size_t over95 = 0, over99 = 0;
     AdaptivePlan best{};
     double best_score = std::numeric_limits<double>::infinity();
     std::size_t best_index = 0;
+  };
+  // A candidate that ran to the end, as the objective weighs it.
+  struct Candidate {
+    double score = 0.0, per_request = 0.0, window = 0.0, p95 = 0.0, p99 = 0.0;
+    std::size_t index = 0, batch = 1;
   };
   struct Metrics {
     Gauge* intercept = nullptr;
@@ -535,6 +546,7 @@ class AdaptiveState {
     job_.lanes = lanes_;
     std::copy(table_.begin(), table_.end(), job_table_.begin());
     job_spread_ = spread_;
+    job_done_count_ = 0;
     // The first candidate sets the bound the others are cut short against: the cell of
     // the plan made for the nearest rate (the plan in force, or a remembered one).
     job_.order_first = planned_ ? plan_wi_ * batch_grid_.size() + plan_bi_ : 0;
@@ -599,6 +611,7 @@ class AdaptiveState {
         job_.w = window_grid[c / batch_grid_.size()] * job_table_[1];
         job_.h = 0;
         job_.h_batches = 0;
+        job_.lane_time = 0.0;
         job_.over95 = 0;
         job_.over99 = 0;
         std::fill(job_lane_free_.begin(),
@@ -629,7 +642,9 @@ class AdaptiveState {
                                                : std::numeric_limits<double>::infinity();
         if (last > first + job_.w && job_lane_free_[lane] < last) job_.window_mattered = true;
         if (e - h == job_.b || last <= first + job_.w) job_.size_mattered = true;
-        const double done = t + job_table_[e - h] * job_spread_[job_.h_batches++ % spread_samples];
+        const double service = job_table_[e - h] * job_spread_[job_.h_batches++ % spread_samples];
+        const double done = t + service;
+        job_.lane_time += service;
         job_lane_free_[lane] = done;
         for (std::size_t i = h; i < e; ++i) {
           const double l = done - unit_arrivals_[i] * scale;
@@ -670,15 +685,16 @@ class AdaptiveState {
       const double p95 = at(k95);
       double score = p95 / p95_target;
       if (p99_target > 0.0) score = std::max(score, p99 / p99_target);
-      const bool better = score < job_.best_score * (1.0 - 1e-9) ||
-                          (score <= job_.best_score * (1.0 + 1e-9) && job_.index < job_.best_index);
-      if (better) {
-        job_.best_score = score;
-        job_.best_index = job_.index;
-        job_.best.batch = job_.b;
-        job_.best.window = to_duration(job_.w);
-        job_.best.predicted_p95_s = p95;
-        job_.best.predicted_p99_s = p99;
+      job_.best_score = std::min(job_.best_score, score);
+      if (job_done_count_ < job_done_.size()) {
+        Candidate& c = job_done_[job_done_count_++];
+        c.score = score;
+        c.per_request = job_.lane_time / static_cast<double>(n);
+        c.index = job_.index;
+        c.batch = job_.b;
+        c.window = job_.w;
+        c.p95 = p95;
+        c.p99 = p99;
       }
     }
   }
@@ -692,6 +708,25 @@ class AdaptiveState {
 
   void finish_job() noexcept {
     job_.active = false;
+    // The objective: within tail_tolerance of the lowest tail, the least lane time per
+    // request; then the lower tail; then the candidate earlier in the grid.
+    const Candidate* pick = nullptr;
+    for (std::size_t i = 0; i < job_done_count_; ++i) {
+      const Candidate& c = job_done_[i];
+      if (c.score > job_.best_score * (1.0 + tail_tolerance) + 1e-12) continue;
+      const bool better = pick == nullptr || c.per_request < pick->per_request * (1.0 - 1e-9) ||
+                          (c.per_request <= pick->per_request * (1.0 + 1e-9) &&
+                           (c.score < pick->score * (1.0 - 1e-9) ||
+                            (c.score <= pick->score * (1.0 + 1e-9) && c.index < pick->index)));
+      if (better) pick = &c;
+    }
+    if (pick != nullptr) {
+      job_.best_index = pick->index;
+      job_.best.batch = pick->batch;
+      job_.best.window = to_duration(pick->window);
+      job_.best.predicted_p95_s = pick->p95;
+      job_.best.predicted_p99_s = pick->p99;
+    }
     // Nothing finished (every candidate abandoned cannot happen: the first one has no
     // bound to be abandoned against); keep the cap with no window then all the same.
     const std::size_t wi = job_.best_index == std::numeric_limits<std::size_t>::max()
@@ -804,6 +839,8 @@ class AdaptiveState {
   std::vector<double> job_latencies_;
   std::vector<double> job_lane_free_;
   std::vector<std::size_t> job_window_free_;
+  std::vector<Candidate> job_done_;
+  std::size_t job_done_count_ = 0;
   std::uint64_t plans_ = 0;
   std::array<Cached, cache_size> cache_{};
   std::size_t next_slot_ = 0;

@@ -521,7 +521,7 @@ class TraceCosts {
       const auto took = static_cast<double>((b.ended - b.started).count());
       const double med = static_cast<double>(median(b.size).count());
       speed_.push_back(
-          Segment{b.started, b.ended, took > 0 && med > 0 ? std::min(1.0, med / took) : 1.0});
+          Segment{b.started, b.ended, took > 0 && med > 0 ? std::clamp(med / took, 0.0, 4.0) : 1.0});
     }
     std::sort(speed_.begin(), speed_.end(),
               [](const Segment& x, const Segment& y) { return x.from < y.from; });
@@ -667,7 +667,7 @@ class TraceCosts {
   std::vector<std::vector<std::chrono::nanoseconds>> delivery_;
   struct Segment {
     std::chrono::nanoseconds from, to;
-    double speed;  // <= 1
+    double speed;  // the size's median over the time taken, at most 4
   };
   std::vector<Segment> speed_;  // by start
   std::vector<double> curve_;   // modelled time by size, ns (index 0 unused)
