@@ -22,11 +22,7 @@ void Server::completions(const std::shared_ptr<Connection>& c,
   if (!decoded) return c->respond_api_error(err);
   c->context().user = tailbatch_serve::loggable(decoded->user);
   if (decoded->model != generator_model_id) {
-    return c->respond_api_error(
-        ApiError{404,
-                 "the model '" + tailbatch_serve::loggable(decoded->model) +
-                     "' does not exist or does not generate text; GET /v1/models lists them",
-                 "model", "model_not_found"});
+    return c->respond_api_error(model_not_found(decoded->model, "generate text"));
   }
   const auto deadline = deadline_of(c, req);
   if (!deadline) return;
@@ -134,11 +130,7 @@ void Server::embeddings(const std::shared_ptr<Connection>& c,
   if (!decoded) return c->respond_api_error(err);
   c->context().user = tailbatch_serve::loggable(decoded->user);
   if (decoded->model != embedder_model_id) {
-    return c->respond_api_error(
-        ApiError{404,
-                 "the model '" + tailbatch_serve::loggable(decoded->model) +
-                     "' does not exist or does not embed; GET /v1/models lists them",
-                 "model", "model_not_found"});
+    return c->respond_api_error(model_not_found(decoded->model, "embed"));
   }
   const std::size_t limit = classifier_.config().max_tokens;
   std::size_t prompt_tokens = 0;
