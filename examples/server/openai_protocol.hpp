@@ -63,6 +63,9 @@ struct ApiError {
   return {{"error", std::move(err)}};
 }
 
+// 404 model_not_found for a model this route does not serve (what: "generate text").
+[[nodiscard]] inline ApiError model_not_found(std::string_view model, std::string_view what);
+
 // Bounds on OpenAI requests. Plain values.
 struct OpenAiLimits {
   std::size_t max_tokens = 1024;           // largest max_tokens / max_completion_tokens
@@ -420,6 +423,13 @@ inline std::string render_chat(const std::vector<std::pair<std::string, std::str
   std::string out;
   for (char c : s.substr(0, 64)) out += (c > 0x20 && c < 0x7f) ? c : '?';
   return out;
+}
+
+inline ApiError model_not_found(std::string_view model, std::string_view what) {
+  return ApiError{404,
+                  "the model '" + loggable(model) + "' does not exist or does not " +
+                      std::string(what) + "; GET /v1/models lists them",
+                  "model", "model_not_found"};
 }
 
 // Compares two strings in time that depends on their lengths only (the API key check).

@@ -1,0 +1,221 @@
+// tailbatch-serve, the Server: what the connections share, the Pipelines, the batcher, the metrics
+// (server.hpp). One of the parts tailbatch_serve.cpp includes, in this order: options.hpp,
+// server.hpp, connection.hpp, models.hpp, classic_routes.hpp, openai_routes.hpp; not a header to
+// include elsewhere.
+#pragma once
+
+namespace tailbatch_serve {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace tb = tailbatch;
+namespace ref = tailbatch::reference;
+using tcp = asio::ip::tcp;
+using json = nlohmann::json;
+using SteadyTime = std::chrono::steady_clock::time_point;
+using namespace std::chrono_literals;
+
+// Events per second over the last `seconds` whole seconds (fewer right after start).
+class RateWindow {
+ public:
+  explicit RateWindow(unsigned seconds)
+      : buckets_(seconds ? seconds : 1), start_(std::chrono::steady_clock::now()) {}
+  void add(std::uint64_t n, SteadyTime now) {
+    const auto sec = second_of(now);
+    std::lock_guard lock(mu_);
+    auto& b = buckets_[static_cast<std::size_t>(sec) % buckets_.size()];
+    if (b.first != sec) b = {sec, 0};
+    b.second += n;
+  }
+  [[nodiscard]] double per_second(SteadyTime now) const {
+    const auto sec = second_of(now);
+    const auto span = static_cast<std::int64_t>(buckets_.size());
+    std::uint64_t sum = 0;
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& b : buckets_) {
+        if (b.first > sec - span && b.first <= sec) sum += b.second;
+      }
+    }
+    const double elapsed =
+        std::min(std::chrono::duration<double>(now - start_).count(), static_cast<double>(span));
+    return elapsed > 0 ? static_cast<double>(sum) / std::max(elapsed, 1.0) : 0.0;
+  }
+
+ private:
+  [[nodiscard]] std::int64_t second_of(SteadyTime t) const {
+    return std::chrono::duration_cast<std::chrono::seconds>(t - start_).count();
+  }
+  mutable std::mutex mu_;
+  std::vector<std::pair<std::int64_t, std::uint64_t>> buckets_;
+  SteadyTime start_;
+};
+
+// The Pipeline's admission stage: the ConcurrencyLimiter, or (limit 0) nobody. Warm-up
+// batches pass without a permit, so that warming up works whatever the limit.
+class ServerAdmission {
+ public:
+  using Limiter = tb::ConcurrencyLimiter<tb::StaticLimit>;
+  using Ticket = Limiter::Permit;
+  explicit ServerAdmission(Limiter* limiter) noexcept : limiter_(limiter) {}
+  [[nodiscard]] std::optional<Ticket> try_admit() noexcept {
+    if (warming_.load(std::memory_order_relaxed)) return Ticket{};
+    if (limiter_ == nullptr) return std::nullopt;
+    return limiter_->try_admit();
+  }
+  void release(Ticket&& ticket, tb::Status status, std::chrono::nanoseconds latency) noexcept {
+    if (limiter_ != nullptr) limiter_->release(std::move(ticket), status, latency);
+  }
+  void set_warming(bool on) noexcept { warming_.store(on, std::memory_order_relaxed); }
+
+ private:
+  Limiter* limiter_;
+  std::atomic<bool> warming_{true};
+};
+static_assert(tb::AdmissionPolicy<ServerAdmission>);
+
+using ClassifyPipeline =
+    tb::Pipeline<std::string, ref::Prediction, tb::FixedWindow, tb::HostLanes, ServerAdmission>;
+using Batcher = tb::ContinuousBatcher<std::int32_t, ref::TextSequenceState>;
+using EmbedPipeline = tb::Pipeline<std::string, std::vector<float>>;
+
+bool iequal(std::string_view a, std::string_view b) {
+  return beast::iequals(beast::string_view(a.data(), a.size()),
+                        beast::string_view(b.data(), b.size()));
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+class Connection;
+
+// Everything the server shares between connections.
+class Server {
+ public:
+  explicit Server(const Options& o);
+  int run();
+
+  const Options& options() const noexcept { return opt_; }
+  asio::io_context& io() noexcept { return ioc_; }
+  bool draining() const noexcept { return draining_.load(std::memory_order_acquire); }
+  bool ready() const noexcept { return readiness_.is_ready() && !draining(); }
+
+  // Request handling (called on a connection's strand).
+  void handle(const std::shared_ptr<Connection>& c, http::request<http::string_body>&& req);
+  void count_response(std::string_view route, int code, SteadyTime arrival);
+  void count_disconnect() { disconnects_->inc(); }
+  void request_started() { in_flight_.fetch_add(1, std::memory_order_relaxed); }
+  void request_finished() { in_flight_.fetch_sub(1, std::memory_order_relaxed); }
+  void connection_opened() { connections_.fetch_add(1, std::memory_order_relaxed); }
+  void connection_closed() {
+    connections_.fetch_sub(1, std::memory_order_relaxed);
+    // Accepting paused at --max-connections resumes once one closes.
+    if (accept_paused_.exchange(false, std::memory_order_acq_rel))
+      asio::post(accept_strand_, [this] { accept(); });
+  }
+
+  const tailbatch_serve::DecodeLimits& limits() const noexcept { return limits_; }
+  // A fresh x-request-id: "req-" and 24 hex digits (a per-process salt and a counter).
+  std::string new_request_id() {
+    char buf[48];
+    std::snprintf(
+        buf, sizeof buf, "req-%08x%016llx", id_salt_,
+        static_cast<unsigned long long>(request_seq_.fetch_add(1, std::memory_order_relaxed)));
+    return buf;
+  }
+
+ private:
+  friend class Connection;
+  void accept();
+  void begin_drain();
+  void warm_up();
+  void schedule_autoscale();
+  void autoscale_tick();
+  void schedule_littles_law();
+  void wait_signal();
+  void classify(const std::shared_ptr<Connection>& c, const http::request<http::string_body>& req);
+  void generate(const std::shared_ptr<Connection>& c, const http::request<http::string_body>& req);
+  // The OpenAI routes.
+  void models(const std::shared_ptr<Connection>& c);
+  void completions(const std::shared_ptr<Connection>& c,
+                   const http::request<http::string_body>& req, bool chat);
+  void embeddings(const std::shared_ptr<Connection>& c,
+                  const http::request<http::string_body>& req);
+  [[nodiscard]] bool authorized(const http::request<http::string_body>& req) const;
+  // The generation's end bound from X-Request-Timeout-Ms (none without the header).
+  SteadyTime completion_deadline_of(const http::request<http::string_body>& req,
+                                    SteadyTime arrival) const;
+  std::string stats_json();
+  std::optional<SteadyTime> deadline_of(const std::shared_ptr<Connection>& c,
+                                        const http::request<http::string_body>& req);
+
+  Options opt_;
+  tailbatch_serve::DecodeLimits limits_;
+  tailbatch_serve::OpenAiLimits oai_limits_;
+  tb::MetricsRegistry registry_;
+  ref::Classifier classifier_;
+  ref::ClassifierModel classifier_model_;
+  ref::Generator generator_;
+  ref::TextGenerator text_generator_;
+  ref::TextVocabulary vocab_;
+  tb::HostLanes lanes_;
+  std::unique_ptr<ServerAdmission::Limiter> limiter_;  // null with --limit 0
+  ServerAdmission admission_;
+  std::unique_ptr<ClassifyPipeline> pipeline_;
+  std::unique_ptr<Batcher> batcher_;
+  std::unique_ptr<EmbedPipeline> embed_pipeline_;
+  std::int64_t created_ = 0;  // /v1/models' "created": the server's start, Unix seconds
+  std::vector<std::atomic<std::uint64_t>> batch_sizes_;  // [size - 1]: batches run of that size
+  std::vector<std::atomic<std::uint64_t>>
+      decode_batch_sizes_;  // [size - 1]: decode steps over that many
+  RateWindow classify_rate_;
+  RateWindow token_rate_;
+  std::atomic<std::uint64_t> next_seed_{1};
+  std::atomic<std::uint64_t> request_seq_{1};
+  unsigned id_salt_ = 0;
+
+  std::mutex counters_mu_;
+  std::map<std::pair<std::string, int>, tb::Counter*> responses_;
+  tb::WindowedHistogram<>* classify_latency_ = nullptr;
+  tb::WindowedHistogram<>* generate_latency_ = nullptr;
+  tb::WindowedHistogram<>* ttft_ = nullptr;
+  tb::Counter* disconnects_ = nullptr;
+  tb::Counter* littles_checks_ = nullptr;
+  std::vector<tb::CallbackRegistration> gauges_;
+
+  tb::Readiness readiness_{&registry_};  // tailbatch_ready; set by the warm-up
+  std::atomic<bool> draining_{false};
+  std::atomic<int> in_flight_{0};
+  std::atomic<int> connections_{0};
+  std::mutex conns_mu_;
+  std::vector<std::weak_ptr<Connection>> conns_;
+  SteadyTime started_ = std::chrono::steady_clock::now();
+  // Last: destroyed first, with the handlers (and connections) still queued in it.
+  asio::io_context ioc_;
+  // The acceptor and the signal handler share a strand: the drain closes the acceptor
+  // while an accept may be completing on another I/O thread.
+  asio::strand<asio::io_context::executor_type> accept_strand_;
+  tcp::acceptor acceptor_;
+  asio::signal_set signals_;
+  std::thread warmup_thread_;
+  std::thread drain_thread_;
+
+  // The Autoscaler and its timer: used only on accept_strand_ (the timer's handler and the
+  // drain's cancel), so one evaluator at a time. Made at the first tick after warm-up,
+  // when the capacity is known.
+  asio::steady_timer autoscale_timer_;
+  asio::steady_timer littles_timer_;
+  asio::steady_timer accept_timer_;
+  std::atomic<bool> accept_paused_{false};
+  tb::Counter* accept_errors_ = nullptr;
+  std::unique_ptr<tb::Autoscaler> autoscaler_;
+  std::optional<tb::PipelineOccupancy> autoscale_last_;  // the interval's start
+  std::uint64_t autoscale_last_submitted_ = 0;
+  bool autoscale_off_ = false;
+  bool loopback_bind_ = false;  // bound to a loopback address: the Host header is checked
+  // Requests per second one lane ran in the warm-up's fastest full batch, times the lanes;
+  // written by the warm-up thread before readiness_ (release), read after it (acquire).
+  double measured_capacity_rps_ = 0.0;
+};
+
+}  // namespace tailbatch_serve
