@@ -613,14 +613,6 @@ TEST_CASE("shutdown() rejects waiters and later callers as shutting_down", "[lim
 
 namespace {
 
-// Runs body(t) for t in [0, threads) on that many threads at once; returns when all are done.
-template <class Body>
-void on_threads(int threads, Body body) {
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) pool.emplace_back(body, t);
-  for (auto& th : pool) th.join();
-}
-
 // How many threads are inside a section at once, and the most there ever were.
 struct HighWater {
   std::atomic<int> active{0}, high{0};

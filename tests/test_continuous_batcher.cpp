@@ -935,38 +935,34 @@ TEST_CASE("threaded mode: many submitting threads, every sequence exactly once, 
     std::atomic<int> bad{0};
     std::mutex m;
     std::map<Status, int> statuses;
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        std::uint64_t x = static_cast<std::uint64_t>(t) * 7919 + 1;
-        for (int i = 0; i < per_thread; ++i) {
-          x = x * 6364136223846793005ull + 1442695040888963407ull;
-          TBatcher::Request r;
-          r.prompt.assign((x >> 50) % 8, 1);
-          r.max_new_tokens = 1 + (x >> 40) % 12;
-          SubmitOptions o;
-          o.priority = static_cast<Priority>((x >> 30) % 3);
-          if ((x >> 20) % 5 == 0) o.deadline = std::chrono::steady_clock::now() + std::chrono::microseconds((x >> 8) % 2000);
-          const bool cancel = (x >> 10) % 7 == 0;
-          auto s = b.submit(std::move(r), o);
-          if (cancel) s->cancel();
-          // Read everything; a sequence's tokens carry its id and consecutive positions.
-          std::vector<int> got;
-          while (auto tok = s->next_for(30s)) got.push_back(*tok);
-          auto end = s->wait_end_for(30s);
-          if (!end || !s->done()) {
-            bad.fetch_add(1);
-            continue;
-          }
-          for (std::size_t k = 0; k < got.size(); ++k)
-            if (got[k] % 1000 != static_cast<int>(k) || got[k] / 1000 != got[0] / 1000) bad.fetch_add(1);
-          if (got.size() != end->tokens) bad.fetch_add(1);
-          std::lock_guard lock(m);
-          ++statuses[end->status];
+    on_threads(threads, [&](int t) {
+      std::uint64_t x = static_cast<std::uint64_t>(t) * 7919 + 1;
+      for (int i = 0; i < per_thread; ++i) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        TBatcher::Request r;
+        r.prompt.assign((x >> 50) % 8, 1);
+        r.max_new_tokens = 1 + (x >> 40) % 12;
+        SubmitOptions o;
+        o.priority = static_cast<Priority>((x >> 30) % 3);
+        if ((x >> 20) % 5 == 0) o.deadline = std::chrono::steady_clock::now() + std::chrono::microseconds((x >> 8) % 2000);
+        const bool cancel = (x >> 10) % 7 == 0;
+        auto s = b.submit(std::move(r), o);
+        if (cancel) s->cancel();
+        // Read everything; a sequence's tokens carry its id and consecutive positions.
+        std::vector<int> got;
+        while (auto tok = s->next_for(30s)) got.push_back(*tok);
+        auto end = s->wait_end_for(30s);
+        if (!end || !s->done()) {
+          bad.fetch_add(1);
+          continue;
         }
-      });
-    }
-    for (auto& p : pool) p.join();
+        for (std::size_t k = 0; k < got.size(); ++k)
+          if (got[k] % 1000 != static_cast<int>(k) || got[k] / 1000 != got[0] / 1000) bad.fetch_add(1);
+        if (got.size() != end->tokens) bad.fetch_add(1);
+        std::lock_guard lock(m);
+        ++statuses[end->status];
+      }
+    });
     b.shutdown();
     CHECK(bad.load() == 0);
     int total = 0;
