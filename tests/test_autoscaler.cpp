@@ -327,12 +327,12 @@ TEST_CASE("the decision and its inputs are exported to the registry") {
   (void)a.evaluate(clock.now(), 10, fleet(10, 1000.0, 1.0, 120ms));
   const std::string text = registry.prometheus();
   check_contains_all(text, {"tailbatch_autoscaler_desired_replicas{service=\"classifier\"} 15",
-                                 "tailbatch_autoscaler_current_replicas{service=\"classifier\"} 10",
-                                 "tailbatch_autoscaler_arrival_rate{service=\"classifier\"} 1000",
-                                 "tailbatch_autoscaler_queue_depth{service=\"classifier\"} 10",
-                                 "tailbatch_autoscaler_p95_seconds{service=\"classifier\"} 0.12",
-                                 "tailbatch_autoscaler_capacity_rps{service=\"classifier\"} 100",
-                                 "tailbatch_autoscaler_evaluations_total{service=\"classifier\"} 1"});
+                            "tailbatch_autoscaler_current_replicas{service=\"classifier\"} 10",
+                            "tailbatch_autoscaler_arrival_rate{service=\"classifier\"} 1000",
+                            "tailbatch_autoscaler_queue_depth{service=\"classifier\"} 10",
+                            "tailbatch_autoscaler_p95_seconds{service=\"classifier\"} 0.12",
+                            "tailbatch_autoscaler_capacity_rps{service=\"classifier\"} 100",
+                            "tailbatch_autoscaler_evaluations_total{service=\"classifier\"} 1"});
 }
 
 TEST_CASE("the same inputs give the same decisions") {

@@ -109,9 +109,9 @@ TEST_CASE("PreferredSizes: after max_wait, pad up, split, or send as is") {
     PreferredSizes::Fill fill;
     std::size_t six_count, six_padded, two_count, two_padded;
   };
-  for (const Row& row : {Row{PreferredSizes::Fill::pad, 6, 8, 2, 4},
-                         Row{PreferredSizes::Fill::split, 4, 0, 2, 4},
-                         Row{PreferredSizes::Fill::exact, 6, 0, 2, 0}}) {
+  for (const Row& row :
+       {Row{PreferredSizes::Fill::pad, 6, 8, 2, 4}, Row{PreferredSizes::Fill::split, 4, 0, 2, 4},
+        Row{PreferredSizes::Fill::exact, 6, 0, 2, 0}}) {
     CAPTURE(static_cast<int>(row.fill));
     PreferredSizes p({4, 8, 16}, 5ms, row.fill);
     BatchDecision d = p.decide(view(six, late));
@@ -176,8 +176,8 @@ TEST_CASE("TokenBudget: power-of-two buckets by default, explicit bounds otherwi
   TokenBudget q({.budget = 512, .max_batch = 64, .max_wait = 5ms, .bucket_bounds = {32, 128}});
   CHECK(q.bucket_count() == 3);
   // (cost, its bucket by powers of two, its bucket by the bounds 32 and 128)
-  const std::size_t rows[][3] = {{1, 0, 0},   {2, 1, 0},   {3, 2, 0},     {4, 2, 0},   {5, 3, 0},
-                                 {32, 5, 0},  {33, 6, 1},  {128, 7, 1},   {500, 9, 2}, {512, 9, 2}};
+  const std::size_t rows[][3] = {{1, 0, 0},  {2, 1, 0},  {3, 2, 0},   {4, 2, 0},   {5, 3, 0},
+                                 {32, 5, 0}, {33, 6, 1}, {128, 7, 1}, {500, 9, 2}, {512, 9, 2}};
   for (const auto& [cost, pow2, bounded] : rows) {
     CAPTURE(cost);
     CHECK(p.bucket_of(cost) == pow2);

@@ -507,16 +507,19 @@ TEST_CASE("timeout: positive bounds the deadline, negative is already expired, z
   rec.step_time = 10ms;
   Batcher b(rec.fn(), config(1), rec.clock);
   auto spent = req(0, 1);
-  auto s_spent = b.submit(std::move(spent), SubmitOptions{.timeout = -1ns});  // a budget spent upstream
+  auto s_spent =
+      b.submit(std::move(spent), SubmitOptions{.timeout = -1ns});  // a budget spent upstream
   REQUIRE(s_spent->end().has_value());
   CHECK(s_spent->end()->status == Status::deadline_exceeded);
   CHECK(b.waiting_approx() == 0);
 
   auto hog = b.submit(req(0, 3));  // holds the slot for 30 ms
   auto tight = req(0, 1);
-  auto s_tight = b.submit(std::move(tight), SubmitOptions{.timeout = 15ms});  // must be admitted by 15 ms
+  auto s_tight =
+      b.submit(std::move(tight), SubmitOptions{.timeout = 15ms});  // must be admitted by 15 ms
   auto loose = req(0, 1);
-  auto s_loose = b.submit(std::move(loose), SubmitOptions{.timeout = 0ns});  // none: waits as long as it takes
+  auto s_loose =
+      b.submit(std::move(loose), SubmitOptions{.timeout = 0ns});  // none: waits as long as it takes
   auto both = req(0, 1);
   SubmitOptions both_opt;
   both_opt.deadline = rec.clock.now() + 100ms;
@@ -925,7 +928,9 @@ TEST_CASE("threaded mode: many submitting threads, every sequence exactly once, 
         r.max_new_tokens = 1 + (x >> 40) % 12;
         SubmitOptions o;
         o.priority = static_cast<Priority>((x >> 30) % 3);
-        if ((x >> 20) % 5 == 0) o.deadline = std::chrono::steady_clock::now() + std::chrono::microseconds((x >> 8) % 2000);
+        if ((x >> 20) % 5 == 0)
+          o.deadline =
+              std::chrono::steady_clock::now() + std::chrono::microseconds((x >> 8) % 2000);
         const bool cancel = (x >> 10) % 7 == 0;
         auto s = b.submit(std::move(r), o);
         if (cancel) s->cancel();
@@ -938,7 +943,8 @@ TEST_CASE("threaded mode: many submitting threads, every sequence exactly once, 
           continue;
         }
         for (std::size_t k = 0; k < got.size(); ++k)
-          if (got[k] % 1000 != static_cast<int>(k) || got[k] / 1000 != got[0] / 1000) bad.fetch_add(1);
+          if (got[k] % 1000 != static_cast<int>(k) || got[k] / 1000 != got[0] / 1000)
+            bad.fetch_add(1);
         if (got.size() != end->tokens) bad.fetch_add(1);
         std::lock_guard lock(m);
         ++statuses[end->status];

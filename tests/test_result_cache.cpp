@@ -250,11 +250,9 @@ TEST_CASE("ResultCache + Pipeline: identical requests in flight share one batch 
   CHECK(cache.stats().hits == 1);
 
   const std::string text = registry.prometheus();
-  check_contains_all(text, {"tailbatch_cache_hits_total 1",
-                                 "tailbatch_cache_misses_total 2",
-                                 "tailbatch_cache_coalesced_total 2",
-                                 "tailbatch_cache_entries 2",
-                                 "tailbatch_cache_evictions_total{reason=\"capacity\"} 0"});
+  check_contains_all(text, {"tailbatch_cache_hits_total 1", "tailbatch_cache_misses_total 2",
+                            "tailbatch_cache_coalesced_total 2", "tailbatch_cache_entries 2",
+                            "tailbatch_cache_evictions_total{reason=\"capacity\"} 0"});
 }
 
 // A one-shard cache of 100 entries in front of a pipeline with a 10 ms window (batches of
@@ -271,7 +269,9 @@ struct CachedPipeline {
   }
 };
 
-TEST_CASE_METHOD(CachedPipeline, "ResultCache + Pipeline: a failed outcome reaches every waiter and is not cached") {
+TEST_CASE_METHOD(
+    CachedPipeline,
+    "ResultCache + Pipeline: a failed outcome reaches every waiter and is not cached") {
   auto a = cache.submit(p, 13);
   auto b = cache.submit(p, 13);
   next_window();
@@ -309,7 +309,8 @@ TEST_CASE_METHOD(CachedPipeline, "ResultCache + Pipeline: a cancelled request is
   CHECK(p.stats().submitted == 1);
 }
 
-TEST_CASE_METHOD(CachedPipeline, "ResultCache + Pipeline: a cancelled leader does not cancel its followers") {
+TEST_CASE_METHOD(CachedPipeline,
+                 "ResultCache + Pipeline: a cancelled leader does not cancel its followers") {
   CancellationSource leader_src;
   CancellationSource follower_src;
   auto leader = cache.submit(p, 6, SubmitOptions{.cancel = leader_src.get_token()});
@@ -329,7 +330,9 @@ TEST_CASE_METHOD(CachedPipeline, "ResultCache + Pipeline: a cancelled leader doe
   CHECK(cache.try_get(6) == std::optional<int>(60));
 }
 
-TEST_CASE_METHOD(CachedPipeline, "ResultCache + Pipeline: a follower joining a request that everyone cancelled still gets a result") {
+TEST_CASE_METHOD(CachedPipeline,
+                 "ResultCache + Pipeline: a follower joining a request that everyone cancelled "
+                 "still gets a result") {
   CancellationSource src;
   auto leader = cache.submit(p, 4, SubmitOptions{.cancel = src.get_token()});
   src.request_stop();  // the only waiter: the shared request is cancelled in the Pipeline
@@ -347,7 +350,8 @@ TEST_CASE_METHOD(CachedPipeline, "ResultCache + Pipeline: a follower joining a r
   CHECK(log.executed(4) == 1);
 }
 
-TEST_CASE_METHOD(CachedPipeline, "ResultCache + Pipeline: deadlines are never stretched by coalescing") {
+TEST_CASE_METHOD(CachedPipeline,
+                 "ResultCache + Pipeline: deadlines are never stretched by coalescing") {
   // The leader's deadline passes in the queue; its patient follower is submitted again.
   auto leader = cache.submit(p, 3, SubmitOptions{.deadline = t0 + 5ms});
   auto patient = cache.submit(p, 3, SubmitOptions{.deadline = t0 + 100ms});
@@ -370,7 +374,9 @@ TEST_CASE_METHOD(CachedPipeline, "ResultCache + Pipeline: deadlines are never st
   CHECK(log.executed(3) == 1);
 }
 
-TEST_CASE_METHOD(CachedPipeline, "ResultCache + Pipeline: a throwing callback is counted and harms no other waiter") {
+TEST_CASE_METHOD(
+    CachedPipeline,
+    "ResultCache + Pipeline: a throwing callback is counted and harms no other waiter") {
   cache.submit(p, 2, {}, [](Outcome<int>&&) { throw std::runtime_error("callback"); });
   auto other = cache.submit(p, 2);
   next_window();

@@ -72,7 +72,8 @@ inline bool contains(std::string_view text, std::string_view part) {
 }
 
 // Checks that `text` contains each of `parts`; a failure names the part missing.
-inline void check_contains_all(std::string_view text, std::initializer_list<std::string_view> parts) {
+inline void check_contains_all(std::string_view text,
+                               std::initializer_list<std::string_view> parts) {
   for (const std::string_view part : parts) {
     CAPTURE(part);
     CHECK(contains(text, part));
@@ -99,10 +100,10 @@ inline MessageMatcher MessageStartsWith(std::string text) {
 // names in every test.
 using tailbatch::test::check_contains_all;
 using tailbatch::test::contains;
-using tailbatch::test::on_threads;
 using tailbatch::test::MessageContains;
 using tailbatch::test::MessageIs;
 using tailbatch::test::MessageStartsWith;
+using tailbatch::test::on_threads;
 
 // The names that differ between Catch2 2.x and 3.x, spelled one way for every test:
 // Approx, and ContainsSubstring (3.x's name for 2.x's Contains string matcher).
