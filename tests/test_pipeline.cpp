@@ -202,12 +202,20 @@ TEST_CASE("Pipeline (manual): a token-budget policy needs a cost function") {
                        MessageIs("Pipeline: request_cost must be set for a policy that reads request cost"));
 }
 
+namespace {
+
+// Deadline-aware batching with no margin: a batch closes at its tightest latest start, or
+// after 50 ms.
+DeadlineAware no_margin(std::size_t max_batch) {
+  return DeadlineAware({.max_batch = max_batch, .max_wait = 50ms, .margin = 0ms});
+}
+
+}  // namespace
+
 TEST_CASE("Pipeline (manual): EDF order and deadline-aware closing") {
   ManualClock clock;
   Log log;
-  ManualPipeline<DeadlineAware> p(
-      log.model(), DeadlineAware({.max_batch = 4, .max_wait = 50ms, .margin = 0ms}),
-      {}, clock);
+  ManualPipeline<DeadlineAware> p(log.model(), no_margin(4), {}, clock);
   auto a = p.submit(1, {.deadline = t0 + 100ms});
   auto b = p.submit(2, {.deadline = t0 + 40ms});
   auto c = p.submit(3);  // no deadline
@@ -228,9 +236,7 @@ TEST_CASE("Pipeline (manual): EDF order and deadline-aware closing") {
 TEST_CASE("Pipeline (manual): an urgent newcomer brings the close forward") {
   ManualClock clock;
   Log log;
-  ManualPipeline<DeadlineAware> p(
-      log.model(), DeadlineAware({.max_batch = 8, .max_wait = 50ms, .margin = 0ms}),
-      {}, clock);
+  ManualPipeline<DeadlineAware> p(log.model(), no_margin(8), {}, clock);
   auto a = p.submit(1, {.deadline = t0 + 45ms});
   CHECK(p.poll().next_due == t0 + 45ms);
   clock.advance(5ms);
