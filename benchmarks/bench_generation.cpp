@@ -40,6 +40,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using namespace tailbatch;
@@ -267,7 +268,11 @@ std::size_t wait_all(const std::vector<std::shared_ptr<Stream>>& streams) {
   return tokens;
 }
 
-void BM_Generation_Continuous(benchmark::State& state) {
+// One generation benchmark: the offline (state.range(0) == 0) or open-loop job list, and per
+// iteration `once(g, jobs, open_loop, rate, streams)` serving it all and returning the tokens
+// and batch steps it took.
+template <class Once>
+void run_generation(benchmark::State& state, Once&& once) {
   const bool open_loop = state.range(0) != 0;
   auto& g = generator();
   const auto jobs = make_jobs(open_loop ? kOpenLoop : kOffline, 42, g.config().vocab_size);
@@ -275,6 +280,17 @@ void BM_Generation_Continuous(benchmark::State& state) {
   std::size_t tokens = 0, steps = 0;
   std::vector<std::shared_ptr<Stream>> streams;
   for (auto _ : state) {
+    const auto [t, s] = once(g, jobs, open_loop, rate, streams);
+    tokens += t;
+    steps = s;
+  }
+  report(state, tokens, steps, jobs);
+  if (open_loop) report_ttft(state, streams, rate);
+}
+
+void BM_Generation_Continuous(benchmark::State& state) {
+  run_generation(state, [](Generator& g, const std::vector<Job>& jobs, bool open_loop, double rate,
+                           std::vector<std::shared_ptr<Stream>>& streams) {
     ContinuousBatcherConfig c;
     c.max_active = kBatch;
     c.queue_capacity = jobs.size();
@@ -287,47 +303,40 @@ void BM_Generation_Continuous(benchmark::State& state) {
       r.state = g.new_state(job.seed);
       return b.submit(std::move(r));
     };
+    std::size_t tokens = 0;
     if (open_loop) {
       streams = arrive(jobs, rate, submit);
-      tokens += wait_all(streams);
+      tokens = wait_all(streams);
     } else {
       streams.clear();
       for (const auto& job : jobs) streams.push_back(submit(job));
       while (b.active_approx() + b.waiting_approx() > 0) (void)b.poll();
-      tokens += wait_all(streams);
+      tokens = wait_all(streams);
     }
     b.shutdown();
-    steps = b.stats().steps;
-  }
-  report(state, tokens, steps, jobs);
-  if (open_loop) report_ttft(state, streams, rate);
+    return std::pair(tokens, static_cast<std::size_t>(b.stats().steps));
+  });
 }
 
 void BM_Generation_Static(benchmark::State& state) {
-  const bool open_loop = state.range(0) != 0;
-  auto& g = generator();
-  const auto jobs = make_jobs(open_loop ? kOpenLoop : kOffline, 42, g.config().vocab_size);
-  const double rate = open_loop ? open_loop_rate() : 0.0;
-  std::size_t tokens = 0, steps = 0;
-  std::vector<std::shared_ptr<Stream>> streams;
-  for (auto _ : state) {
+  run_generation(state, [](Generator& g, const std::vector<Job>& jobs, bool open_loop, double rate,
+                           std::vector<std::shared_ptr<Stream>>& streams) {
     StaticBatcher b(g);
+    std::size_t tokens = 0;
     if (open_loop) {
       b.start();
       streams = arrive(jobs, rate, [&](const Job& job) { return b.submit(job); });
-      tokens += wait_all(streams);
+      tokens = wait_all(streams);
       b.stop();
     } else {
       streams.clear();
       for (const auto& job : jobs) streams.push_back(b.submit(job));
       while (b.run_batch()) {
       }
-      tokens += wait_all(streams);
+      tokens = wait_all(streams);
     }
-    steps = b.steps();
-  }
-  report(state, tokens, steps, jobs);
-  if (open_loop) report_ttft(state, streams, rate);
+    return std::pair(tokens, static_cast<std::size_t>(b.steps()));
+  });
 }
 
 void BM_Generation_Step(benchmark::State& state) {

@@ -47,8 +47,9 @@ void BM_Baseline_CountingSemaphore(benchmark::State& state) {
 }
 BENCHMARK(BM_Baseline_CountingSemaphore)->Threads(1)->Threads(2)->UseRealTime();
 
-void BM_Limiter_AcquireRelease(benchmark::State& state) {
-  static ConcurrencyLimiter<> limiter(tailbatch::StaticLimit{1024});
+// try_acquire() + success() on `limiter`, shared by the benchmark's threads.
+template <class Algorithm>
+void acquire_release(benchmark::State& state, ConcurrencyLimiter<Algorithm>& limiter) {
   for (auto _ : state) {
     // The atomic operations cannot be optimised away: no DoNotOptimize needed (the
     // semaphore baseline has none either).
@@ -56,6 +57,11 @@ void BM_Limiter_AcquireRelease(benchmark::State& state) {
     if (permit.ok()) permit.value().success();
   }
   state.SetItemsProcessed(state.iterations());
+}
+
+void BM_Limiter_AcquireRelease(benchmark::State& state) {
+  static ConcurrencyLimiter<> limiter(tailbatch::StaticLimit{1024});
+  acquire_release(state, limiter);
 }
 BENCHMARK(BM_Limiter_AcquireRelease)->Threads(1)->Threads(2)->UseRealTime();
 
@@ -69,20 +75,11 @@ void BM_Limiter_AdmitRelease(benchmark::State& state) {
 }
 BENCHMARK(BM_Limiter_AdmitRelease)->Threads(1)->Threads(2)->UseRealTime();
 
-template <class Algorithm>
-void acquire_release_learning(benchmark::State& state, ConcurrencyLimiter<Algorithm>& limiter) {
-  for (auto _ : state) {
-    auto permit = limiter.try_acquire();
-    if (permit.ok()) permit.value().success();
-  }
-  state.SetItemsProcessed(state.iterations());
-}
-
 void BM_Limiter_AcquireRelease_Aimd(benchmark::State& state) {
   static ConcurrencyLimiter<tailbatch::AimdLimit> limiter(
       tailbatch::AimdLimit(tailbatch::AimdLimitConfig{
           .initial_limit = 1024, .min_limit = 1024, .max_limit = 1024, .window = 10ms}));
-  acquire_release_learning(state, limiter);
+  acquire_release(state, limiter);
 }
 BENCHMARK(BM_Limiter_AcquireRelease_Aimd)->Threads(1)->Threads(2)->UseRealTime();
 
@@ -94,7 +91,7 @@ void BM_Limiter_AcquireRelease_Gradient(benchmark::State& state) {
                                                          .window = 10ms,
                                                          .probe_concurrency = 0,
                                                          .seed = 1}));
-  acquire_release_learning(state, limiter);
+  acquire_release(state, limiter);
 }
 BENCHMARK(BM_Limiter_AcquireRelease_Gradient)->Threads(1)->Threads(2)->UseRealTime();
 
@@ -131,6 +128,22 @@ void wait_until(std::chrono::steady_clock::time_point t) {
   while (std::chrono::steady_clock::now() < t) std::this_thread::yield();
 }
 
+// The timed loop of an open-loop benchmark: one arrival every kArrivalGap, each calling
+// arrive(n, start) with its number (from 1) and the time it was made. Returns the number
+// offered.
+template <class Arrive>
+std::int64_t offer_open_loop(benchmark::State& state, Arrive arrive) {
+  std::int64_t offered = 0;
+  auto next = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    wait_until(next);
+    next += kArrivalGap;
+    ++offered;
+    arrive(offered, std::chrono::steady_clock::now());
+  }
+  return offered;
+}
+
 void BM_Limiter_RejectLatency(benchmark::State& state) {
   using Limiter = ConcurrencyLimiter<>;
   using Pipe = tailbatch::Pipeline<int, int, tailbatch::FixedWindow, tailbatch::HostLanes, Limiter>;
@@ -146,24 +159,20 @@ void BM_Limiter_RejectLatency(benchmark::State& state) {
   LatencyReport rejected;
   rejected.ns.reserve(static_cast<std::size_t>(kArrivals));
   std::atomic<std::int64_t> admitted_done{0};
-  std::int64_t offered = 0;
-  auto next = std::chrono::steady_clock::now();
-  for (auto _ : state) {
-    wait_until(next);
-    next += kArrivalGap;
-    ++offered;
-    const auto start = std::chrono::steady_clock::now();
-    pipeline.submit(static_cast<int>(offered),
-                    [&rejected, &admitted_done, start](tailbatch::Outcome<int>&& o) {
-                      if (o.status() == tailbatch::Status::rejected) {
-                        // A rejected request completes inline, in the submitting (benchmark)
-                        // thread.
-                        rejected.ns.push_back((std::chrono::steady_clock::now() - start).count());
-                      } else {
-                        admitted_done.fetch_add(1, std::memory_order_relaxed);
-                      }
-                    });
-  }
+  const std::int64_t offered =
+      offer_open_loop(state, [&](std::int64_t n, std::chrono::steady_clock::time_point start) {
+        pipeline.submit(static_cast<int>(n),
+                        [&rejected, &admitted_done, start](tailbatch::Outcome<int>&& o) {
+                          if (o.status() == tailbatch::Status::rejected) {
+                            // A rejected request completes inline, in the submitting
+                            // (benchmark) thread.
+                            rejected.ns.push_back(
+                                (std::chrono::steady_clock::now() - start).count());
+                          } else {
+                            admitted_done.fetch_add(1, std::memory_order_relaxed);
+                          }
+                        });
+      });
   pipeline.shutdown();  // after the timed loop: not measured
   rejected.report(state, offered);
   state.counters["admitted_per_s"] =
@@ -201,22 +210,17 @@ void BM_Limiter_RejectLatency_Standalone(benchmark::State& state) {
 
   LatencyReport rejected;
   rejected.ns.reserve(static_cast<std::size_t>(kArrivals));
-  std::int64_t offered = 0;
-  auto next = std::chrono::steady_clock::now();
-  for (auto _ : state) {
-    wait_until(next);
-    next += kArrivalGap;
-    ++offered;
-    const auto start = std::chrono::steady_clock::now();
-    auto permit = limiter.try_acquire();
-    const auto end = std::chrono::steady_clock::now();
-    if (permit.ok()) {
-      std::lock_guard lock(mu);
-      held.emplace_back(end + kServiceTime, std::move(permit).value());
-    } else {
-      rejected.ns.push_back((end - start).count());
-    }
-  }
+  const std::int64_t offered =
+      offer_open_loop(state, [&](std::int64_t, std::chrono::steady_clock::time_point start) {
+        auto permit = limiter.try_acquire();
+        const auto end = std::chrono::steady_clock::now();
+        if (permit.ok()) {
+          std::lock_guard lock(mu);
+          held.emplace_back(end + kServiceTime, std::move(permit).value());
+        } else {
+          rejected.ns.push_back((end - start).count());
+        }
+      });
   stop.store(true);
   server.join();
   held.clear();

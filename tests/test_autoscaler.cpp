@@ -46,6 +46,14 @@ std::vector<ReplicaSignals> fleet(int n, double total_rps, double queue_each = 0
   return v;
 }
 
+// The decision recommends `replicas` and, with no behaviour holding it back, desires them,
+// for `trigger`.
+void check_plan(const AutoscaleDecision& d, int replicas, ScaleTrigger trigger) {
+  CHECK(d.recommended_replicas == replicas);
+  CHECK(d.desired_replicas == replicas);
+  CHECK(d.trigger == trigger);
+}
+
 }  // namespace
 
 TEST_CASE("replicas = ceil(rate / (capacity x target utilisation)): 30 % headroom by default") {
@@ -53,9 +61,7 @@ TEST_CASE("replicas = ceil(rate / (capacity x target utilisation)): 30 % headroo
   Autoscaler a(config100());
   // 1000 rps at 70 per replica: 14.3 -> 15.
   const AutoscaleDecision d = a.evaluate(clock.now(), 10, fleet(10, 1000.0));
-  CHECK(d.recommended_replicas == 15);
-  CHECK(d.desired_replicas == 15);
-  CHECK(d.trigger == ScaleTrigger::utilization);
+  check_plan(d, 15, ScaleTrigger::utilization);
   CHECK(d.utilization == Approx(1.0));
   CHECK(d.scale_up());
 
@@ -75,9 +81,7 @@ TEST_CASE("within the tolerance the current count stands") {
   Autoscaler a(config100());
   // 10 replicas at 735 rps: utilisation 0.735, 5 % over the 0.7 target, inside 10 %.
   const auto d = a.evaluate(clock.now(), 10, fleet(10, 735.0));
-  CHECK(d.recommended_replicas == 10);
-  CHECK(d.desired_replicas == 10);
-  CHECK(d.trigger == ScaleTrigger::none);
+  check_plan(d, 10, ScaleTrigger::none);
 }
 
 TEST_CASE("a growing queue scales up within one evaluation") {
@@ -89,9 +93,7 @@ TEST_CASE("a growing queue scales up within one evaluation") {
   // Same arrival rate, but 200 requests queued on each replica: 800 queued over the 10 s
   // drain time is 80 rps more demand: (280 + 80) / 70 = 5.14 -> 6, at the next evaluation.
   const auto d = a.evaluate(clock.now(), 4, fleet(4, 280.0, 200.0));
-  CHECK(d.trigger == ScaleTrigger::queue);
-  CHECK(d.recommended_replicas == 6);
-  CHECK(d.desired_replicas == 6);
+  check_plan(d, 6, ScaleTrigger::queue);
 }
 
 TEST_CASE("a p95 near the SLO adds a replica within one evaluation") {
@@ -324,13 +326,13 @@ TEST_CASE("the decision and its inputs are exported to the registry") {
   Autoscaler a(c);
   (void)a.evaluate(clock.now(), 10, fleet(10, 1000.0, 1.0, 120ms));
   const std::string text = registry.prometheus();
-  CHECK(text.find("tailbatch_autoscaler_desired_replicas{service=\"classifier\"} 15") != std::string::npos);
-  CHECK(text.find("tailbatch_autoscaler_current_replicas{service=\"classifier\"} 10") != std::string::npos);
-  CHECK(text.find("tailbatch_autoscaler_arrival_rate{service=\"classifier\"} 1000") != std::string::npos);
-  CHECK(text.find("tailbatch_autoscaler_queue_depth{service=\"classifier\"} 10") != std::string::npos);
-  CHECK(text.find("tailbatch_autoscaler_p95_seconds{service=\"classifier\"} 0.12") != std::string::npos);
-  CHECK(text.find("tailbatch_autoscaler_capacity_rps{service=\"classifier\"} 100") != std::string::npos);
-  CHECK(text.find("tailbatch_autoscaler_evaluations_total{service=\"classifier\"} 1") != std::string::npos);
+  check_contains_all(text, {"tailbatch_autoscaler_desired_replicas{service=\"classifier\"} 15",
+                            "tailbatch_autoscaler_current_replicas{service=\"classifier\"} 10",
+                            "tailbatch_autoscaler_arrival_rate{service=\"classifier\"} 1000",
+                            "tailbatch_autoscaler_queue_depth{service=\"classifier\"} 10",
+                            "tailbatch_autoscaler_p95_seconds{service=\"classifier\"} 0.12",
+                            "tailbatch_autoscaler_capacity_rps{service=\"classifier\"} 100",
+                            "tailbatch_autoscaler_evaluations_total{service=\"classifier\"} 1"});
 }
 
 TEST_CASE("the same inputs give the same decisions") {

@@ -103,32 +103,25 @@ TEST_CASE("PreferredSizes: after max_wait, pad up, split, or send as is") {
   auto six = arrivals({0ms, 1ms, 1ms, 1ms, 2ms, 2ms});
   auto two = arrivals({0ms, 1ms});
   const BatchTime late = t0 + 5ms;
-  SECTION("pad") {
-    PreferredSizes p({4, 8, 16}, 5ms, PreferredSizes::Fill::pad);
+  // Six waiting at the deadline, then two: (count, padded_size) under each fill rule. Split
+  // pads a remainder below the smallest size up to it.
+  struct Row {
+    PreferredSizes::Fill fill;
+    std::size_t six_count, six_padded, two_count, two_padded;
+  };
+  for (const Row& row :
+       {Row{PreferredSizes::Fill::pad, 6, 8, 2, 4}, Row{PreferredSizes::Fill::split, 4, 0, 2, 4},
+        Row{PreferredSizes::Fill::exact, 6, 0, 2, 0}}) {
+    CAPTURE(static_cast<int>(row.fill));
+    PreferredSizes p({4, 8, 16}, 5ms, row.fill);
     BatchDecision d = p.decide(view(six, late));
-    CHECK(d.count == 6);
-    CHECK(d.padded_size == 8);
+    CHECK(d.count == row.six_count);
+    CHECK(d.padded_size == row.six_padded);
     CHECK(d.reason == DispatchReason::window);
     d = p.decide(view(two, late));
-    CHECK(d.count == 2);
-    CHECK(d.padded_size == 4);
-  }
-  SECTION("split") {
-    PreferredSizes p({4, 8, 16}, 5ms, PreferredSizes::Fill::split);
-    BatchDecision d = p.decide(view(six, late));
-    CHECK(d.count == 4);
-    CHECK(d.padded_size == 0);
-    // A remainder below the smallest size is padded up to it.
-    d = p.decide(view(two, late));
-    CHECK(d.count == 2);
-    CHECK(d.padded_size == 4);
-  }
-  SECTION("exact") {
-    PreferredSizes p({4, 8, 16}, 5ms, PreferredSizes::Fill::exact);
-    BatchDecision d = p.decide(view(six, late));
-    CHECK(d.count == 6);
-    CHECK(d.padded_size == 0);
-    CHECK_FALSE(p.may_pad());
+    CHECK(d.count == row.two_count);
+    CHECK(d.padded_size == row.two_padded);
+    CHECK(p.may_pad() == (row.fill != PreferredSizes::Fill::exact));
   }
   SECTION("flush applies the fill rule without waiting") {
     PreferredSizes p({4, 8}, 5ms, PreferredSizes::Fill::pad);
@@ -179,20 +172,17 @@ TEST_CASE("TokenBudget: max_batch caps short requests") {
 TEST_CASE("TokenBudget: power-of-two buckets by default, explicit bounds otherwise") {
   TokenBudget p({.budget = 512, .max_batch = 64, .max_wait = 5ms, .bucket_bounds = {}});
   CHECK(p.max_cost() == 512);
-  CHECK(p.bucket_of(1) == 0);
-  CHECK(p.bucket_of(2) == 1);
-  CHECK(p.bucket_of(3) == 2);
-  CHECK(p.bucket_of(4) == 2);
-  CHECK(p.bucket_of(5) == 3);
-  CHECK(p.bucket_of(512) == 9);
   CHECK(p.bucket_count() == 10);
   TokenBudget q({.budget = 512, .max_batch = 64, .max_wait = 5ms, .bucket_bounds = {32, 128}});
   CHECK(q.bucket_count() == 3);
-  CHECK(q.bucket_of(1) == 0);
-  CHECK(q.bucket_of(32) == 0);
-  CHECK(q.bucket_of(33) == 1);
-  CHECK(q.bucket_of(128) == 1);
-  CHECK(q.bucket_of(500) == 2);
+  // (cost, its bucket by powers of two, its bucket by the bounds 32 and 128)
+  const std::size_t rows[][3] = {{1, 0, 0},  {2, 1, 0},  {3, 2, 0},   {4, 2, 0},   {5, 3, 0},
+                                 {32, 5, 0}, {33, 6, 1}, {128, 7, 1}, {500, 9, 2}, {512, 9, 2}};
+  for (const auto& [cost, pow2, bounded] : rows) {
+    CAPTURE(cost);
+    CHECK(p.bucket_of(cost) == pow2);
+    CHECK(q.bucket_of(cost) == bounded);
+  }
 }
 
 TEST_CASE("TokenBudget: bad configuration names the field") {

@@ -180,9 +180,7 @@ TEST_CASE("slow callbacks of expired sequences run after the step, not before ad
     (void)b.submit(req(0, 1), o, std::move(cb));
   }
   rec.clock.advance(2ms);
-  SubmitOptions live_options;
-  live_options.deadline = rec.clock.now();
-  auto live = b.submit(req(0, 1), live_options);
+  auto live = b.submit(req(0, 1), SubmitOptions{.deadline = rec.clock.now()});
   (void)b.poll();
   CHECK(expired == 300);
   REQUIRE(live->closed());
@@ -401,13 +399,11 @@ TEST_CASE("deadlines: not admitted by its deadline never runs; active at its com
   rec.step_time = 10ms;
   Batcher b(rec.fn(), config(1), rec.clock);
   auto r1 = req(0, 100);
-  SubmitOptions r1_opt;
   r1.completion_deadline = rec.clock.now() + 35ms;
-  auto s1 = b.submit(std::move(r1), r1_opt);
+  auto s1 = b.submit(std::move(r1));
   auto r2 = req(0, 5);
-  SubmitOptions r2_opt;
-  r2_opt.deadline = rec.clock.now() + 15ms;  // the one slot is s1's until 40 ms
-  auto s2 = b.submit(std::move(r2), r2_opt);
+  // The one slot is s1's until 40 ms.
+  auto s2 = b.submit(std::move(r2), SubmitOptions{.deadline = rec.clock.now() + 15ms});
   while (!s1->closed() || !s2->closed()) (void)b.poll();
   CHECK(s2->end()->status == Status::deadline_exceeded);
   CHECK(s2->end()->tokens == 0);
@@ -419,9 +415,7 @@ TEST_CASE("deadlines: not admitted by its deadline never runs; active at its com
 
   auto past = req(0, 1);
 
-  SubmitOptions past_opt;
-  past_opt.deadline = rec.clock.now() - 1ns;
-  auto s3 = b.submit(std::move(past), past_opt);
+  auto s3 = b.submit(std::move(past), SubmitOptions{.deadline = rec.clock.now() - 1ns});
   REQUIRE(s3->end().has_value());
   CHECK(s3->end()->status == Status::deadline_exceeded);
   auto over = req(0, 1);
@@ -431,9 +425,7 @@ TEST_CASE("deadlines: not admitted by its deadline never runs; active at its com
   CHECK(s4->end()->status == Status::deadline_exceeded);
   // A deadline of exactly now may still start now.
   auto edge = req(0, 1);
-  SubmitOptions edge_opt;
-  edge_opt.deadline = rec.clock.now();
-  auto s5 = b.submit(std::move(edge), edge_opt);
+  auto s5 = b.submit(std::move(edge), SubmitOptions{.deadline = rec.clock.now()});
   CHECK_FALSE(s5->closed());
   (void)b.poll();
   REQUIRE(s5->end().has_value());
@@ -446,9 +438,8 @@ TEST_CASE("a completion deadline that passes while waiting drops the sequence", 
   Batcher b(rec.fn(), config(1), rec.clock);
   auto s1 = b.submit(req(0, 3));
   auto r2 = req(0, 1);
-  SubmitOptions r2_opt;
   r2.completion_deadline = rec.clock.now() + 15ms;  // the slot frees at 30 ms
-  auto s2 = b.submit(std::move(r2), r2_opt);
+  auto s2 = b.submit(std::move(r2));
   run_all(b);
   CHECK(s1->end()->status == Status::ok);
   CHECK(s2->end()->status == Status::deadline_exceeded);
@@ -473,9 +464,7 @@ TEST_CASE("SubmitOptions::arrival: the timeout and the queue order count from th
   auto s_now = b.submit(req(0, 1), now);
   CHECK_FALSE(s_now->closed());
   // An earlier arrival is served first, as if it had been submitted then.
-  SubmitOptions older;
-  older.arrival = rec.clock.now() - 5ms;
-  auto s_older = b.submit(req(0, 1), older);
+  auto s_older = b.submit(req(0, 1), SubmitOptions{.arrival = rec.clock.now() - 5ms});
   (void)b.poll();
   CHECK(s_older->end().has_value());
   CHECK_FALSE(s_now->end().has_value());
@@ -518,22 +507,19 @@ TEST_CASE("timeout: positive bounds the deadline, negative is already expired, z
   rec.step_time = 10ms;
   Batcher b(rec.fn(), config(1), rec.clock);
   auto spent = req(0, 1);
-  SubmitOptions spent_opt;
-  spent_opt.timeout = -1ns;  // a budget spent upstream
-  auto s_spent = b.submit(std::move(spent), spent_opt);
+  auto s_spent =
+      b.submit(std::move(spent), SubmitOptions{.timeout = -1ns});  // a budget spent upstream
   REQUIRE(s_spent->end().has_value());
   CHECK(s_spent->end()->status == Status::deadline_exceeded);
   CHECK(b.waiting_approx() == 0);
 
   auto hog = b.submit(req(0, 3));  // holds the slot for 30 ms
   auto tight = req(0, 1);
-  SubmitOptions tight_opt;
-  tight_opt.timeout = 15ms;  // must be admitted by 15 ms
-  auto s_tight = b.submit(std::move(tight), tight_opt);
+  auto s_tight =
+      b.submit(std::move(tight), SubmitOptions{.timeout = 15ms});  // must be admitted by 15 ms
   auto loose = req(0, 1);
-  SubmitOptions loose_opt;
-  loose_opt.timeout = 0ns;  // none: waits as long as it takes
-  auto s_loose = b.submit(std::move(loose), loose_opt);
+  auto s_loose =
+      b.submit(std::move(loose), SubmitOptions{.timeout = 0ns});  // none: waits as long as it takes
   auto both = req(0, 1);
   SubmitOptions both_opt;
   both_opt.deadline = rec.clock.now() + 100ms;
@@ -571,9 +557,7 @@ TEST_CASE("admission reads the clock after the retirements' callbacks: never adm
   auto first = b.submit(req(0, 10), slow_end);
   (void)b.poll();  // first is active
   auto r = req(0, 3);
-  SubmitOptions r_opt;
-  r_opt.deadline = rec.clock.now() + 3ms;
-  auto second = b.submit(std::move(r), r_opt);
+  auto second = b.submit(std::move(r), SubmitOptions{.deadline = rec.clock.now() + 3ms});
   first->cancel();
   (void)b.poll();  // retires first (its on_end takes 5 ms), then looks at second
   run_all(b);
@@ -935,38 +919,37 @@ TEST_CASE("threaded mode: many submitting threads, every sequence exactly once, 
     std::atomic<int> bad{0};
     std::mutex m;
     std::map<Status, int> statuses;
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        std::uint64_t x = static_cast<std::uint64_t>(t) * 7919 + 1;
-        for (int i = 0; i < per_thread; ++i) {
-          x = x * 6364136223846793005ull + 1442695040888963407ull;
-          TBatcher::Request r;
-          r.prompt.assign((x >> 50) % 8, 1);
-          r.max_new_tokens = 1 + (x >> 40) % 12;
-          SubmitOptions o;
-          o.priority = static_cast<Priority>((x >> 30) % 3);
-          if ((x >> 20) % 5 == 0) o.deadline = std::chrono::steady_clock::now() + std::chrono::microseconds((x >> 8) % 2000);
-          const bool cancel = (x >> 10) % 7 == 0;
-          auto s = b.submit(std::move(r), o);
-          if (cancel) s->cancel();
-          // Read everything; a sequence's tokens carry its id and consecutive positions.
-          std::vector<int> got;
-          while (auto tok = s->next_for(30s)) got.push_back(*tok);
-          auto end = s->wait_end_for(30s);
-          if (!end || !s->done()) {
-            bad.fetch_add(1);
-            continue;
-          }
-          for (std::size_t k = 0; k < got.size(); ++k)
-            if (got[k] % 1000 != static_cast<int>(k) || got[k] / 1000 != got[0] / 1000) bad.fetch_add(1);
-          if (got.size() != end->tokens) bad.fetch_add(1);
-          std::lock_guard lock(m);
-          ++statuses[end->status];
+    on_threads(threads, [&](int t) {
+      std::uint64_t x = static_cast<std::uint64_t>(t) * 7919 + 1;
+      for (int i = 0; i < per_thread; ++i) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        TBatcher::Request r;
+        r.prompt.assign((x >> 50) % 8, 1);
+        r.max_new_tokens = 1 + (x >> 40) % 12;
+        SubmitOptions o;
+        o.priority = static_cast<Priority>((x >> 30) % 3);
+        if ((x >> 20) % 5 == 0)
+          o.deadline =
+              std::chrono::steady_clock::now() + std::chrono::microseconds((x >> 8) % 2000);
+        const bool cancel = (x >> 10) % 7 == 0;
+        auto s = b.submit(std::move(r), o);
+        if (cancel) s->cancel();
+        // Read everything; a sequence's tokens carry its id and consecutive positions.
+        std::vector<int> got;
+        while (auto tok = s->next_for(30s)) got.push_back(*tok);
+        auto end = s->wait_end_for(30s);
+        if (!end || !s->done()) {
+          bad.fetch_add(1);
+          continue;
         }
-      });
-    }
-    for (auto& p : pool) p.join();
+        for (std::size_t k = 0; k < got.size(); ++k)
+          if (got[k] % 1000 != static_cast<int>(k) || got[k] / 1000 != got[0] / 1000)
+            bad.fetch_add(1);
+        if (got.size() != end->tokens) bad.fetch_add(1);
+        std::lock_guard lock(m);
+        ++statuses[end->status];
+      }
+    });
     b.shutdown();
     CHECK(bad.load() == 0);
     int total = 0;

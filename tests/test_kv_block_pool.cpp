@@ -60,6 +60,13 @@ void check_partition(const P& pool) {
   CHECK(s.available_blocks() == pool.available_blocks());
 }
 
+// Allocates the table for `tokens` and commits them all: a prefilled prompt, cacheable.
+template <class P>
+void prefill(P& pool, typename P::BlockTable& table, const std::vector<std::int32_t>& tokens) {
+  REQUIRE(pool.allocate(table, tokens) == KvAllocStatus::ok);
+  pool.commit(table, tokens);
+}
+
 }  // namespace
 
 TEST_CASE("KvBlockPool: bad configuration names the field") {
@@ -229,8 +236,7 @@ TEST_CASE("KvBlockPool: a partial block and the block of the prompt's last token
   Pool pool({.block_size = 4, .total_blocks = 16});
   Table a;
   const auto six = iota(0, 6);
-  REQUIRE(pool.allocate(a, six) == KvAllocStatus::ok);
-  pool.commit(a, six);  // block 0 full, block 1 holds 2 of 4
+  prefill(pool, a, six);  // block 0 full, block 1 holds 2 of 4
   CHECK(pool.stats().prefix_hit_tokens == 0);
 
   Table b;
@@ -243,8 +249,7 @@ TEST_CASE("KvBlockPool: a partial block and the block of the prompt's last token
   // must compute, so only the first is shared, even when both are cached.
   Table c, d, e;
   const auto eight = iota(50, 8);
-  REQUIRE(pool.allocate(c, eight) == KvAllocStatus::ok);
-  pool.commit(c, eight);
+  prefill(pool, c, eight);
   REQUIRE(pool.allocate(d, eight) == KvAllocStatus::ok);
   CHECK(d.cached_tokens() == 4);
   CHECK(d.blocks()[1] != c.blocks()[1]);
@@ -365,8 +370,7 @@ TEST_CASE("KvBlockPool: the watermark keeps blocks available after an admission"
   // block would.
   Table b, c;
   const auto prompt = iota(0, 9);
-  REQUIRE(pool.allocate(b, prompt) == KvAllocStatus::ok);
-  pool.commit(b, prompt);
+  prefill(pool, b, prompt);
   pool.free(b);  // 2 cached, 8 free
   CHECK(pool.available_blocks() == 10);
   CHECK(pool.allocate(c, prompt, {.watermark_blocks = 8}) == KvAllocStatus::no_room);
@@ -420,8 +424,7 @@ TEST_CASE("KvBlockPool: booked blocks keep their cached content until grow needs
   Pool pool({.block_size = 2, .total_blocks = 4});
   Table a;
   const auto prompt = iota(0, 5);
-  REQUIRE(pool.allocate(a, prompt) == KvAllocStatus::ok);
-  pool.commit(a, prompt);
+  prefill(pool, a, prompt);
   pool.free(a);  // 2 cached, 2 free
   Table r;
   REQUIRE(pool.allocate(r, iota(100, 1), {.max_tokens = 8, .reserve = true}) == KvAllocStatus::ok);
@@ -442,8 +445,7 @@ TEST_CASE("KvBlockPool: hash collisions never share a block whose prefix differs
   // Same tokens at a different depth.
   const std::vector<std::int32_t> z = {7, 8, 7, 8, 0};
   CTable a, b, c, d;
-  REQUIRE(pool.allocate(a, x) == KvAllocStatus::ok);
-  pool.commit(a, x);
+  prefill(pool, a, x);
   CHECK(pool.cached_prefix_tokens(y) == 0);
   CHECK(pool.cached_prefix_tokens(z) == 0);
   REQUIRE(pool.allocate(b, y) == KvAllocStatus::ok);
@@ -493,8 +495,7 @@ TEST_CASE("KvBlockPool: without prefix caching nothing is indexed, shared or cou
   CHECK_FALSE(pool.prefix_caching());
   const auto prompt = iota(0, 9);
   Table a, b;
-  REQUIRE(pool.allocate(a, prompt) == KvAllocStatus::ok);
-  pool.commit(a, prompt);
+  prefill(pool, a, prompt);
   CHECK(a.committed_tokens() == 9);
   REQUIRE(pool.allocate(b, prompt) == KvAllocStatus::ok);
   CHECK(b.cached_tokens() == 0);

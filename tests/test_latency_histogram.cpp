@@ -123,6 +123,19 @@ std::vector<std::int64_t> uniform_samples(std::uint64_t seed) {
 }
 
 // Waits (bounded) until pred() holds; false on timeout.
+// Requires two snapshots to agree on the count, min, max, sum, under- and overflows and
+// each of these percentiles.
+void require_same(const HistogramSnapshot& x, const HistogramSnapshot& y,
+                  const std::vector<double>& percentiles) {
+  REQUIRE(x.count() == y.count());
+  REQUIRE(x.min() == y.min());
+  REQUIRE(x.max() == y.max());
+  REQUIRE(x.sum_seconds() == y.sum_seconds());
+  REQUIRE(x.underflow_count() == y.underflow_count());
+  REQUIRE(x.overflow_count() == y.overflow_count());
+  for (double p : percentiles) REQUIRE(x.percentile(p) == y.percentile(p));
+}
+
 template <class Pred>
 bool wait_for(std::mutex& m, std::condition_variable& cv, Pred pred) {
   std::unique_lock lock(m);
@@ -315,14 +328,8 @@ TEST_CASE("merge: two halves merge into the whole; differing options throw", "[h
   HistogramSnapshot merged = a.snapshot();
   merged.merge(b.snapshot());
   const HistogramSnapshot w = whole.snapshot();
-  REQUIRE(merged.count() == w.count());
-  REQUIRE(merged.min() == w.min());
-  REQUIRE(merged.max() == w.max());
+  require_same(merged, w, probe_percentiles());
   REQUIRE(merged.mean() == w.mean());
-  REQUIRE(merged.sum_seconds() == w.sum_seconds());
-  REQUIRE(merged.underflow_count() == w.underflow_count());
-  REQUIRE(merged.overflow_count() == w.overflow_count());
-  for (double p : probe_percentiles()) REQUIRE(merged.percentile(p) == w.percentile(p));
 
   // merge_into gives the same as merging snapshots.
   HistogramSnapshot into;
@@ -414,13 +421,7 @@ TEST_CASE("record_corrected back-fills expected intervals (coordinated omission)
       const auto f = fast.snapshot();
       const auto s = slow.snapshot();
       INFO("value " << value << " interval " << interval);
-      REQUIRE(f.count() == s.count());
-      REQUIRE(f.min() == s.min());
-      REQUIRE(f.max() == s.max());
-      REQUIRE(f.sum_seconds() == s.sum_seconds());
-      REQUIRE(f.underflow_count() == s.underflow_count());
-      REQUIRE(f.overflow_count() == s.overflow_count());
-      for (double p : {0.0, 10.0, 50.0, 75.0, 90.0, 99.0, 99.9, 100.0}) REQUIRE(f.percentile(p) == s.percentile(p));
+      require_same(f, s, {0.0, 10.0, 50.0, 75.0, 90.0, 99.0, 99.9, 100.0});
     }
   }
   SECTION("a huge back-fill is cheap and its sum stays exact beyond 2^64 ns") {

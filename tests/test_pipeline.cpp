@@ -109,39 +109,48 @@ TEST_CASE("Pipeline (manual): more than max_batch queued forms several batches i
   for (auto& x : f) CHECK(x.get().ok());
 }
 
-TEST_CASE("Pipeline (manual): preferred sizes pad with copies whose responses are discarded") {
+// A pipeline batching to the preferred sizes 4 and 8 with a 5 ms window, on a manual clock.
+struct PreferredRun {
   ManualClock clock;
   Log log;
-  ManualPipeline<PreferredSizes> p(log.model(), PreferredSizes({4, 8}, 5ms, PreferredSizes::Fill::pad), {}, clock);
-  std::vector<std::future<Outcome<int>>> f;
-  for (int i = 1; i <= 3; ++i) f.push_back(p.submit(i));
-  CHECK(p.poll().batches == 0);
-  clock.advance(5ms);
-  CHECK(p.poll().batches == 1);
-  REQUIRE(log.batches.size() == 1);
-  CHECK(log.batches[0] == std::vector<int>{1, 2, 3, 3});  // padded to 4 with the last request
+  ManualPipeline<PreferredSizes> p;
+  explicit PreferredRun(PreferredSizes::Fill fill)
+      : p(log.model(), PreferredSizes({4, 8}, 5ms, fill), {}, clock) {}
+  // Submits 1..n: nothing dispatches before the window closes, then `batches` batches do.
+  // Returns the futures, in submit order.
+  std::vector<std::future<Outcome<int>>> submit_past_window(int n, std::size_t batches) {
+    std::vector<std::future<Outcome<int>>> f;
+    for (int i = 1; i <= n; ++i) f.push_back(p.submit(i));
+    CHECK(p.poll().batches == 0);
+    clock.advance(5ms);
+    CHECK(p.poll().batches == batches);
+    return f;
+  }
+};
+
+TEST_CASE("Pipeline (manual): preferred sizes pad with copies whose responses are discarded") {
+  PreferredRun run(PreferredSizes::Fill::pad);
+  auto f = run.submit_past_window(3, 1);
+  const auto& batches = run.log.batches;
+  REQUIRE(batches.size() == 1);
+  CHECK(batches[0] == std::vector<int>{1, 2, 3, 3});  // padded to 4 with the last request
   for (int i = 0; i < 3; ++i) CHECK(f[static_cast<std::size_t>(i)].get().value() == (i + 1) * 10);
-  const PipelineStats s = p.stats();
+  const PipelineStats s = run.p.stats();
   CHECK(s.count(Status::ok) == 3);
   CHECK(s.batched_requests == 3);
   // Reaching a preferred size dispatches at once.
-  for (int i = 0; i < 4; ++i) f.push_back(p.submit(i));
-  CHECK(p.poll().batches == 1);
-  CHECK(log.batches.back().size() == 4);
+  for (int i = 0; i < 4; ++i) f.push_back(run.p.submit(i));
+  CHECK(run.p.poll().batches == 1);
+  CHECK(batches.back().size() == 4);
 }
 
 TEST_CASE("Pipeline (manual): preferred sizes split a late batch into preferred sizes") {
-  ManualClock clock;
-  Log log;
-  ManualPipeline<PreferredSizes> p(log.model(), PreferredSizes({4, 8}, 5ms, PreferredSizes::Fill::split), {}, clock);
-  std::vector<std::future<Outcome<int>>> f;
-  for (int i = 1; i <= 6; ++i) f.push_back(p.submit(i));
-  CHECK(p.poll().batches == 0);
-  clock.advance(5ms);
-  CHECK(p.poll().batches == 2);
-  REQUIRE(log.batches.size() == 2);
-  CHECK(log.batches[0] == std::vector<int>{1, 2, 3, 4});
-  CHECK(log.batches[1] == std::vector<int>{5, 6, 6, 6});
+  PreferredRun run(PreferredSizes::Fill::split);
+  auto f = run.submit_past_window(6, 2);
+  const auto& batches = run.log.batches;
+  REQUIRE(batches.size() == 2);
+  CHECK(batches[0] == std::vector<int>{1, 2, 3, 4});
+  CHECK(batches[1] == std::vector<int>{5, 6, 6, 6});
   for (auto& x : f) CHECK(x.get().ok());
 }
 
@@ -193,12 +202,20 @@ TEST_CASE("Pipeline (manual): a token-budget policy needs a cost function") {
                        MessageIs("Pipeline: request_cost must be set for a policy that reads request cost"));
 }
 
+namespace {
+
+// Deadline-aware batching with no margin: a batch closes at its tightest latest start, or
+// after 50 ms.
+DeadlineAware no_margin(std::size_t max_batch) {
+  return DeadlineAware({.max_batch = max_batch, .max_wait = 50ms, .margin = 0ms});
+}
+
+}  // namespace
+
 TEST_CASE("Pipeline (manual): EDF order and deadline-aware closing") {
   ManualClock clock;
   Log log;
-  ManualPipeline<DeadlineAware> p(
-      log.model(), DeadlineAware({.max_batch = 4, .max_wait = 50ms, .margin = 0ms}),
-      {}, clock);
+  ManualPipeline<DeadlineAware> p(log.model(), no_margin(4), {}, clock);
   auto a = p.submit(1, {.deadline = t0 + 100ms});
   auto b = p.submit(2, {.deadline = t0 + 40ms});
   auto c = p.submit(3);  // no deadline
@@ -219,9 +236,7 @@ TEST_CASE("Pipeline (manual): EDF order and deadline-aware closing") {
 TEST_CASE("Pipeline (manual): an urgent newcomer brings the close forward") {
   ManualClock clock;
   Log log;
-  ManualPipeline<DeadlineAware> p(
-      log.model(), DeadlineAware({.max_batch = 8, .max_wait = 50ms, .margin = 0ms}),
-      {}, clock);
+  ManualPipeline<DeadlineAware> p(log.model(), no_margin(8), {}, clock);
   auto a = p.submit(1, {.deadline = t0 + 45ms});
   CHECK(p.poll().next_due == t0 + 45ms);
   clock.advance(5ms);
@@ -469,21 +484,17 @@ TEST_CASE("Pipeline (manual): threads on different shards share one capacity; ea
   constexpr int per = 300;
   std::atomic<int> accepted_done{0};
   std::atomic<int> full{0};
-  std::vector<std::thread> producers;
-  for (int t = 0; t < threads; ++t) {
-    producers.emplace_back([&, t] {
-      for (int i = 0; i < per; ++i) {
-        p.submit(t * per + i, [&](Outcome<int>&& o) {
-          if (o.ok()) {
-            accepted_done.fetch_add(1);
-          } else if (o.reason() == RejectReason::queue_full) {
-            full.fetch_add(1);
-          }
-        });
-      }
-    });
-  }
-  for (auto& th : producers) th.join();
+  on_threads(threads, [&](int t) {
+    for (int i = 0; i < per; ++i) {
+      p.submit(t * per + i, [&](Outcome<int>&& o) {
+        if (o.ok()) {
+          accepted_done.fetch_add(1);
+        } else if (o.reason() == RejectReason::queue_full) {
+          full.fetch_add(1);
+        }
+      });
+    }
+  });
   CHECK(p.queued_approx() == 1000);
   CHECK(full.load() == threads * per - 1000);
   clock.advance(1ms);
@@ -518,13 +529,9 @@ TEST_CASE("Pipeline (manual): threads sharing a shard keep their order too") {
       FixedWindow{64, 1ms}, cfg, clock);
   constexpr int threads = 8;
   constexpr int per = 500;
-  std::vector<std::thread> producers;
-  for (int t = 0; t < threads; ++t) {
-    producers.emplace_back([&, t] {
-      for (int i = 0; i < per; ++i) p.submit(t * per + i, [](Outcome<int>&&) {});
-    });
-  }
-  for (auto& th : producers) th.join();
+  on_threads(threads, [&](int t) {
+    for (int i = 0; i < per; ++i) p.submit(t * per + i, [](Outcome<int>&&) {});
+  });
   clock.advance(1ms);
   while (p.poll().batches > 0) {
   }

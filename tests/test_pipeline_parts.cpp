@@ -137,37 +137,35 @@ TEST_CASE("LeaderSignal: a sleep ends at once when newcomers are already there",
   signal.sleep(BatchTime::max(), 1, BatchTime::min(), false, [] { return false; });
 }
 
-TEST_CASE("LeaderSignal: the sleeper is woken by the arrivals it asked for", "[pipeline_parts]") {
-  detail::LeaderSignal signal;
+// A leader sleeps on `signal`, asking to be woken by `arrivals` arrivals or one due before
+// t0 + 1ms; arrive() runs every millisecond until it is woken (the arrivals count only while
+// it sleeps). Returns once the leader has woken.
+template <class Arrive>
+void sleep_until_woken(detail::LeaderSignal& signal, std::size_t arrivals, Arrive arrive) {
   std::atomic<bool> woke{false};
   std::thread leader([&] {
-    // Asks to be woken by 3 arrivals, or one due before t0 + 1ms.
-    signal.sleep(BatchTime::max(), 3, t0 + 1ms, false, [] { return false; });
+    signal.sleep(BatchTime::max(), arrivals, t0 + 1ms, false, [] { return false; });
     woke.store(true);
   });
-  // The arrivals count only while it sleeps: keep arriving (late deadlines, not urgent)
-  // until it is woken; each round is 3 arrivals, enough once it is asleep.
   while (!woke.load()) {
-    for (int i = 0; i < 3; ++i) signal.arrived(t0 + 1h, false);
+    arrive();
     std::this_thread::sleep_for(1ms);
   }
   leader.join();
   CHECK(woke.load());
 }
 
+TEST_CASE("LeaderSignal: the sleeper is woken by the arrivals it asked for", "[pipeline_parts]") {
+  detail::LeaderSignal signal;
+  // Each round is 3 arrivals with late deadlines (not urgent), enough once it is asleep.
+  sleep_until_woken(signal, 3, [&] {
+    for (int i = 0; i < 3; ++i) signal.arrived(t0 + 1h, false);
+  });
+}
+
 TEST_CASE("LeaderSignal: an urgent arrival wakes the sleeper alone", "[pipeline_parts]") {
   detail::LeaderSignal signal;
-  std::atomic<bool> woke{false};
-  std::thread leader([&] {
-    signal.sleep(BatchTime::max(), 1000, t0 + 1ms, false, [] { return false; });
-    woke.store(true);
-  });
-  while (!woke.load()) {
-    signal.arrived(t0, false);  // earlier than the mark
-    std::this_thread::sleep_for(1ms);
-  }
-  leader.join();
-  CHECK(woke.load());
+  sleep_until_woken(signal, 1000, [&] { signal.arrived(t0, false); });  // earlier than the mark
 }
 
 TEST_CASE("PipelineCounters and ServiceRate", "[pipeline_parts]") {

@@ -11,6 +11,7 @@
 #include <tailbatch/detail/request_intake.hpp>
 #include <tailbatch/pipeline.hpp>
 #include <tailbatch/result_cache.hpp>
+#include <utility>
 #include <vector>
 
 #include "tailbatch_test.hpp"
@@ -32,17 +33,21 @@ struct Doors {
   Status cache = Status::ok;
 };
 
+// A pipeline on `clock` that multiplies by ten, in batches of up to 8 over a 1 ms window.
+ManualPipeline times_ten(ManualClock& clock) {
+  return ManualPipeline(
+      [](std::span<const int> in, std::span<int> out, HostLane&) {
+        for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i] * 10;
+      },
+      FixedWindow(8, 1ms), ManualPipeline::Config{}, clock);
+}
+
 Doors through_each_door(const std::function<SubmitOptions(BatchTime now)>& options,
                         std::chrono::nanoseconds wait) {
   Doors d;
   {
     ManualClock clock;
-    ManualPipeline::Config cfg;
-    ManualPipeline p(
-        [](std::span<const int> in, std::span<int> out, HostLane&) {
-          for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i] * 10;
-        },
-        FixedWindow(8, 1ms), cfg, clock);
+    ManualPipeline p = times_ten(clock);
     std::optional<Status> got;
     p.submit(1, options(clock.now()), [&](Outcome<int>&& o) { got = o.status(); });
     clock.advance(wait);
@@ -71,12 +76,7 @@ Doors through_each_door(const std::function<SubmitOptions(BatchTime now)>& optio
   }
   {
     ManualClock clock;
-    ManualPipeline::Config cfg;
-    ManualPipeline p(
-        [](std::span<const int> in, std::span<int> out, HostLane&) {
-          for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i] * 10;
-        },
-        FixedWindow(8, 1ms), cfg, clock);
+    ManualPipeline p = times_ten(clock);
     ManualCache::Config cc;
     cc.max_entries = 16;
     cc.shards = 1;
@@ -179,58 +179,37 @@ TEST_CASE("intake: arrival, timeout from the arrival, negative timeout, deadline
 }
 
 TEST_CASE("intake: the Pipeline, the ContinuousBatcher and the ResultCache agree on deadlines") {
-  SECTION("timeout counted from an earlier arrival: 10 ms left at the submit") {
-    auto opts = [](BatchTime now) {
+  // Each row: the options relative to the submit, then how long the request waits and what
+  // all three front doors must report.
+  struct Row {
+    const char* what;
+    std::optional<std::chrono::nanoseconds> arrival, timeout, deadline;
+    std::vector<std::pair<std::chrono::nanoseconds, Status>> waits;
+  };
+  const Row rows[] = {
+      {"timeout counted from an earlier arrival: 10 ms left at the submit", -10ms, 20ms, {},
+       {{9ms, Status::ok}, {11ms, Status::deadline_exceeded}}},
+      {"a negative timeout expires at once", {}, -1ms, {}, {{0ns, Status::deadline_exceeded}}},
+      {"a zero timeout is no budget", {}, 0ns, {}, {{1h, Status::ok}}},
+      {"an absolute deadline is a latest start, inclusive", {}, {}, 5ms,
+       {{5ms, Status::ok}, {6ms, Status::deadline_exceeded}}},
+      {"an arrival in the future counts as the submit", 1h, 10ms, {},
+       {{10ms, Status::ok}, {11ms, Status::deadline_exceeded}}},
+      {"a deadline already behind the arrival's budget expires inside submit", -30ms, 20ms, {},
+       {{0ns, Status::deadline_exceeded}}},
+  };
+  for (const Row& row : rows) {
+    CAPTURE(row.what);
+    auto opts = [&row](BatchTime now) {
       SubmitOptions o;
-      o.arrival = now - 10ms;
-      o.timeout = 20ms;
+      if (row.arrival) o.arrival = now + *row.arrival;
+      if (row.timeout) o.timeout = *row.timeout;
+      if (row.deadline) o.deadline = now + *row.deadline;
       return o;
     };
-    all_three(through_each_door(opts, 9ms), Status::ok);
-    all_three(through_each_door(opts, 11ms), Status::deadline_exceeded);
-  }
-  SECTION("a negative timeout expires at once") {
-    auto opts = [](BatchTime) {
-      SubmitOptions o;
-      o.timeout = -1ms;
-      return o;
-    };
-    all_three(through_each_door(opts, 0ns), Status::deadline_exceeded);
-  }
-  SECTION("a zero timeout is no budget") {
-    auto opts = [](BatchTime) {
-      SubmitOptions o;
-      o.timeout = 0ns;
-      return o;
-    };
-    all_three(through_each_door(opts, 1h), Status::ok);
-  }
-  SECTION("an absolute deadline is a latest start, inclusive") {
-    auto opts = [](BatchTime now) {
-      SubmitOptions o;
-      o.deadline = now + 5ms;
-      return o;
-    };
-    all_three(through_each_door(opts, 5ms), Status::ok);
-    all_three(through_each_door(opts, 6ms), Status::deadline_exceeded);
-  }
-  SECTION("an arrival in the future counts as the submit") {
-    auto opts = [](BatchTime now) {
-      SubmitOptions o;
-      o.arrival = now + 1h;
-      o.timeout = 10ms;
-      return o;
-    };
-    all_three(through_each_door(opts, 10ms), Status::ok);
-    all_three(through_each_door(opts, 11ms), Status::deadline_exceeded);
-  }
-  SECTION("a deadline already behind the arrival's budget expires inside submit") {
-    auto opts = [](BatchTime now) {
-      SubmitOptions o;
-      o.arrival = now - 30ms;
-      o.timeout = 20ms;
-      return o;
-    };
-    all_three(through_each_door(opts, 0ns), Status::deadline_exceeded);
+    for (const auto& [wait, want] : row.waits) {
+      CAPTURE(wait.count());
+      all_three(through_each_door(opts, wait), want);
+    }
   }
 }

@@ -250,22 +250,31 @@ TEST_CASE("ResultCache + Pipeline: identical requests in flight share one batch 
   CHECK(cache.stats().hits == 1);
 
   const std::string text = registry.prometheus();
-  CHECK(text.find("tailbatch_cache_hits_total 1") != std::string::npos);
-  CHECK(text.find("tailbatch_cache_misses_total 2") != std::string::npos);
-  CHECK(text.find("tailbatch_cache_coalesced_total 2") != std::string::npos);
-  CHECK(text.find("tailbatch_cache_entries 2") != std::string::npos);
-  CHECK(text.find("tailbatch_cache_evictions_total{reason=\"capacity\"} 0") != std::string::npos);
+  check_contains_all(text, {"tailbatch_cache_hits_total 1", "tailbatch_cache_misses_total 2",
+                            "tailbatch_cache_coalesced_total 2", "tailbatch_cache_entries 2",
+                            "tailbatch_cache_evictions_total{reason=\"capacity\"} 0"});
 }
 
-TEST_CASE("ResultCache + Pipeline: a failed outcome reaches every waiter and is not cached") {
+// A one-shard cache of 100 entries in front of a pipeline with a 10 ms window (batches of
+// up to 4), on a manual clock.
+struct CachedPipeline {
   ManualClock clock;
   Log log;
-  ManualPipeline p(log.model(), FixedWindow{4, 10ms}, {}, clock);
-  ManualCache cache(one_shard(100), {}, {}, clock);
+  ManualPipeline p{log.model(), FixedWindow{4, 10ms}, {}, clock};
+  ManualCache cache{one_shard(100), {}, {}, clock};
+  // Closes the window: the queued batch runs.
+  void next_window() {
+    clock.advance(10ms);
+    (void)p.poll();
+  }
+};
+
+TEST_CASE_METHOD(
+    CachedPipeline,
+    "ResultCache + Pipeline: a failed outcome reaches every waiter and is not cached") {
   auto a = cache.submit(p, 13);
   auto b = cache.submit(p, 13);
-  clock.advance(10ms);
-  (void)p.poll();
+  next_window();
   REQUIRE(ready(a));
   REQUIRE(ready(b));
   const Outcome<int> oa = a.get();
@@ -277,24 +286,18 @@ TEST_CASE("ResultCache + Pipeline: a failed outcome reaches every waiter and is 
   auto again = cache.submit(p, 13);  // a miss again: goes to the Pipeline
   CHECK(p.stats().submitted == 2);
   CHECK_FALSE(ready(again));
-  clock.advance(10ms);
-  (void)p.poll();
+  next_window();
   CHECK(again.get().status() == Status::failed);
   CHECK(log.executed(13) == 2);
 }
 
-TEST_CASE("ResultCache + Pipeline: a cancelled request is not cached") {
-  ManualClock clock;
-  Log log;
-  ManualPipeline p(log.model(), FixedWindow{4, 10ms}, {}, clock);
-  ManualCache cache(one_shard(100), {}, {}, clock);
+TEST_CASE_METHOD(CachedPipeline, "ResultCache + Pipeline: a cancelled request is not cached") {
   CancellationSource src;
   auto a = cache.submit(p, 5, SubmitOptions{.cancel = src.get_token()});
   src.request_stop();
   REQUIRE(ready(a));  // at once, in the cancelling thread
   CHECK(a.get().status() == Status::cancelled);
-  clock.advance(10ms);
-  (void)p.poll();
+  next_window();
   CHECK(log.executed(5) == 0);  // nobody wanted it: removed from the queue
   CHECK(p.stats().count(Status::cancelled) == 1);
   CHECK(cache.stats().entries == 0);
@@ -306,11 +309,8 @@ TEST_CASE("ResultCache + Pipeline: a cancelled request is not cached") {
   CHECK(p.stats().submitted == 1);
 }
 
-TEST_CASE("ResultCache + Pipeline: a cancelled leader does not cancel its followers") {
-  ManualClock clock;
-  Log log;
-  ManualPipeline p(log.model(), FixedWindow{4, 10ms}, {}, clock);
-  ManualCache cache(one_shard(100), {}, {}, clock);
+TEST_CASE_METHOD(CachedPipeline,
+                 "ResultCache + Pipeline: a cancelled leader does not cancel its followers") {
   CancellationSource leader_src;
   CancellationSource follower_src;
   auto leader = cache.submit(p, 6, SubmitOptions{.cancel = leader_src.get_token()});
@@ -323,19 +323,16 @@ TEST_CASE("ResultCache + Pipeline: a cancelled leader does not cancel its follow
   follower_src.request_stop();  // one of two followers gives up too
   REQUIRE(ready(follower));
   CHECK(follower.get().status() == Status::cancelled);
-  clock.advance(10ms);
-  (void)p.poll();
+  next_window();
   REQUIRE(ready(plain));
   CHECK(plain.get().value() == 60);
   CHECK(log.executed(6) == 1);
   CHECK(cache.try_get(6) == std::optional<int>(60));
 }
 
-TEST_CASE("ResultCache + Pipeline: a follower joining a request that everyone cancelled still gets a result") {
-  ManualClock clock;
-  Log log;
-  ManualPipeline p(log.model(), FixedWindow{4, 10ms}, {}, clock);
-  ManualCache cache(one_shard(100), {}, {}, clock);
+TEST_CASE_METHOD(CachedPipeline,
+                 "ResultCache + Pipeline: a follower joining a request that everyone cancelled "
+                 "still gets a result") {
   CancellationSource src;
   auto leader = cache.submit(p, 4, SubmitOptions{.cancel = src.get_token()});
   src.request_stop();  // the only waiter: the shared request is cancelled in the Pipeline
@@ -347,18 +344,14 @@ TEST_CASE("ResultCache + Pipeline: a follower joining a request that everyone ca
   CHECK(cache.stats().resubmitted == 1);
   CHECK(p.stats().submitted == 2);
   CHECK_FALSE(ready(late));
-  clock.advance(10ms);
-  (void)p.poll();
+  next_window();
   REQUIRE(ready(late));
   CHECK(late.get().value() == 40);
   CHECK(log.executed(4) == 1);
 }
 
-TEST_CASE("ResultCache + Pipeline: deadlines are never stretched by coalescing") {
-  ManualClock clock;
-  Log log;
-  ManualPipeline p(log.model(), FixedWindow{4, 10ms}, {}, clock);
-  ManualCache cache(one_shard(100), {}, {}, clock);
+TEST_CASE_METHOD(CachedPipeline,
+                 "ResultCache + Pipeline: deadlines are never stretched by coalescing") {
   // The leader's deadline passes in the queue; its patient follower is submitted again.
   auto leader = cache.submit(p, 3, SubmitOptions{.deadline = t0 + 5ms});
   auto patient = cache.submit(p, 3, SubmitOptions{.deadline = t0 + 100ms});
@@ -368,30 +361,25 @@ TEST_CASE("ResultCache + Pipeline: deadlines are never stretched by coalescing")
   CHECK(s.coalesced == 1);
   CHECK(s.misses == 2);
   CHECK(p.stats().submitted == 2);
-  clock.advance(10ms);
-  (void)p.poll();
+  next_window();
   REQUIRE(ready(leader));
   CHECK(leader.get().status() == Status::deadline_exceeded);
   REQUIRE(ready(hasty));
   CHECK(hasty.get().status() == Status::deadline_exceeded);
   CHECK_FALSE(ready(patient));
   CHECK(cache.stats().resubmitted == 1);
-  clock.advance(10ms);
-  (void)p.poll();
+  next_window();
   REQUIRE(ready(patient));
   CHECK(patient.get().value() == 30);
   CHECK(log.executed(3) == 1);
 }
 
-TEST_CASE("ResultCache + Pipeline: a throwing callback is counted and harms no other waiter") {
-  ManualClock clock;
-  Log log;
-  ManualPipeline p(log.model(), FixedWindow{4, 10ms}, {}, clock);
-  ManualCache cache(one_shard(100), {}, {}, clock);
+TEST_CASE_METHOD(
+    CachedPipeline,
+    "ResultCache + Pipeline: a throwing callback is counted and harms no other waiter") {
   cache.submit(p, 2, {}, [](Outcome<int>&&) { throw std::runtime_error("callback"); });
   auto other = cache.submit(p, 2);
-  clock.advance(10ms);
-  (void)p.poll();
+  next_window();
   REQUIRE(ready(other));
   CHECK(other.get().value() == 20);
   CHECK(cache.stats().callback_exceptions == 1);
@@ -409,25 +397,21 @@ TEST_CASE("ResultCache + threaded Pipeline: concurrent submits from 1, 2, 3, 7 a
     std::atomic<int> wrong{0};
     std::atomic<int> done{0};
     std::atomic<int> get_misses{0};
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        for (int i = 0; i < per_thread; ++i) {
-          const int key = (i * 7 + t) % 256;  // more keys than entries: evictions too
-          if (i % 5 == 0) {
-            const auto v = cache.try_get(key);
-            if (!v) get_misses.fetch_add(1);
-            if (v && *v != key * 10) wrong.fetch_add(1);
-            continue;
-          }
-          cache.submit(p, key, {}, [&, key](Outcome<int>&& o) {
-            if (!o.ok() || o.value() != key * 10) wrong.fetch_add(1);
-            done.fetch_add(1);
-          });
+    on_threads(threads, [&](int t) {
+      for (int i = 0; i < per_thread; ++i) {
+        const int key = (i * 7 + t) % 256;  // more keys than entries: evictions too
+        if (i % 5 == 0) {
+          const auto v = cache.try_get(key);
+          if (!v) get_misses.fetch_add(1);
+          if (v && *v != key * 10) wrong.fetch_add(1);
+          continue;
         }
-      });
-    }
-    for (auto& th : pool) th.join();
+        cache.submit(p, key, {}, [&, key](Outcome<int>&& o) {
+          if (!o.ok() || o.value() != key * 10) wrong.fetch_add(1);
+          done.fetch_add(1);
+        });
+      }
+    });
     const int expected = threads * (per_thread - (per_thread + 4) / 5);
     const auto give_up = std::chrono::steady_clock::now() + 30s;
     while (done.load() < expected && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(1ms);
@@ -535,24 +519,20 @@ TEST_CASE("ResultCache: concurrent try_get and insert from 1, 2, 3, 7 and 16 thr
     constexpr int per_thread = 4000;
     std::atomic<int> wrong{0};
     std::atomic<std::uint64_t> hits{0};
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        std::uint64_t mine = 0;
-        for (int i = 0; i < per_thread; ++i) {
-          // Mostly a hot set of 32 keys, sometimes one of 200 others.
-          const int key = (i % 5 == 4) ? 100 + (i * 7 + t * 13) % 200 : (i * 11 + t) % 32;
-          if (auto v = cache.try_get(key)) {
-            ++mine;
-            if (*v != key * 3) wrong.fetch_add(1);
-          } else {
-            (void)cache.insert(key, key * 3);
-          }
+    on_threads(threads, [&](int t) {
+      std::uint64_t mine = 0;
+      for (int i = 0; i < per_thread; ++i) {
+        // Mostly a hot set of 32 keys, sometimes one of 200 others.
+        const int key = (i % 5 == 4) ? 100 + (i * 7 + t * 13) % 200 : (i * 11 + t) % 32;
+        if (auto v = cache.try_get(key)) {
+          ++mine;
+          if (*v != key * 3) wrong.fetch_add(1);
+        } else {
+          (void)cache.insert(key, key * 3);
         }
-        hits.fetch_add(mine);
-      });
-    }
-    for (auto& th : pool) th.join();
+      }
+      hits.fetch_add(mine);
+    });
     CHECK(wrong.load() == 0);
     const ResultCacheStats s = cache.stats();
     CHECK(s.hits == hits.load());

@@ -36,6 +36,13 @@ struct Parsed {
   std::vector<std::string> comments;
 };
 
+// Each event as "id type data", to compare a whole stream at once.
+std::vector<std::string> lines_of(const Parsed& p) {
+  std::vector<std::string> out;
+  for (const Event& e : p.events) out.push_back(e.id + " " + e.type + " " + e.data);
+  return out;
+}
+
 // The HTML Living Standard's event-stream interpretation (9.2.6), for one complete
 // stream: lines end at CRLF, LF or CR; a line starting with ':' is a comment; `field:
 // value` drops one leading space from value; data lines join with LF; an empty line
@@ -275,15 +282,10 @@ TEST_CASE("SseEncoder: token events count tokens in their ids, the end carries t
   enc.append_end(out, end);
   CHECK(enc.tokens() == 3);
   const Parsed p = parse_sse(out);
-  REQUIRE(p.events.size() == 3);
-  CHECK(p.events[0].type == "token");
-  CHECK(p.events[0].id == "2");
-  CHECK(p.events[0].data == "[17,4]");
-  CHECK(p.events[1].id == "3");
-  CHECK(p.events[1].data == "[912]");
-  CHECK(p.events[2].type == "end");
-  CHECK(p.events[2].id == "3");
-  CHECK(p.events[2].data == R"({"status":"ok","reason":"none","http_status":200,"tokens":3,"message":""})");
+  CHECK(lines_of(p) ==
+        std::vector<std::string>{
+            "2 token [17,4]", "3 token [912]",
+            R"(3 end {"status":"ok","reason":"none","http_status":200,"tokens":3,"message":""})"});
   CHECK(p.comments == std::vector<std::string>{"keep-alive"});
 }
 
@@ -350,14 +352,10 @@ TEST_CASE("SseEncoder in TokenStreamer's callback mode appends on the producer's
   REQUIRE(s.close(Status::failed, "out of KV cache"));
   const Parsed p = parse_sse(wire);
   // The first token alone (flush_first_token), then {2,3}, then {4} flushed by close.
-  REQUIRE(p.events.size() == 4);
-  CHECK(p.events[0].data == "[1]");
-  CHECK(p.events[1].data == "[2,3]");
-  CHECK(p.events[2].data == "[4]");
-  CHECK(p.events[2].id == "4");
-  CHECK(p.events[3].type == "end");
-  CHECK(p.events[3].data ==
-        R"({"status":"failed","reason":"none","http_status":500,"tokens":4,"message":"out of KV cache"})");
+  CHECK(lines_of(p) ==
+        std::vector<std::string>{
+            "1 token [1]", "3 token [2,3]", "4 token [4]",
+            R"(4 end {"status":"failed","reason":"none","http_status":500,"tokens":4,"message":"out of KV cache"})"});
 }
 
 TEST_CASE("SseEncoder in pull mode", "[serving][sse]") {

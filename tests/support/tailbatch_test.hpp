@@ -9,10 +9,13 @@
 #endif
 
 #include <exception>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
+#include <vector>
 
 namespace tailbatch::test {
 
@@ -68,6 +71,23 @@ inline bool contains(std::string_view text, std::string_view part) {
   return text.find(part) != std::string_view::npos;
 }
 
+// Checks that `text` contains each of `parts`; a failure names the part missing.
+inline void check_contains_all(std::string_view text,
+                               std::initializer_list<std::string_view> parts) {
+  for (const std::string_view part : parts) {
+    CAPTURE(part);
+    CHECK(contains(text, part));
+  }
+}
+
+// Runs body(t) for t in [0, threads) on that many threads at once; returns when all are done.
+template <class Body>
+void on_threads(int threads, Body body) {
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(body, t);
+  for (auto& th : pool) th.join();
+}
+
 inline MessageMatcher MessageIs(std::string text) { return {MessageMatcher::Mode::is, std::move(text)}; }
 inline MessageMatcher MessageContains(std::string text) { return {MessageMatcher::Mode::contains, std::move(text)}; }
 inline MessageMatcher MessageStartsWith(std::string text) {
@@ -76,11 +96,14 @@ inline MessageMatcher MessageStartsWith(std::string text) {
 
 }  // namespace tailbatch::test
 
-// The exception matchers and contains(), by their plain names in every test.
+// The exception matchers, contains(), check_contains_all() and on_threads(), by their plain
+// names in every test.
+using tailbatch::test::check_contains_all;
 using tailbatch::test::contains;
 using tailbatch::test::MessageContains;
 using tailbatch::test::MessageIs;
 using tailbatch::test::MessageStartsWith;
+using tailbatch::test::on_threads;
 
 // The names that differ between Catch2 2.x and 3.x, spelled one way for every test:
 // Approx, and ContainsSubstring (3.x's name for 2.x's Contains string matcher).

@@ -72,11 +72,14 @@ namespace tailbatch::detail {
   return true;
 }
 
-// HELP text in the 0.0.4 format: backslash and newline are escaped, quotes are not.
-inline void append_help_escaped(std::string& out, std::string_view s) {
+// Text in the 0.0.4 format: backslash and newline are escaped, and a double quote too when
+// escape_quote is set.
+inline void append_escaped(std::string& out, std::string_view s, bool escape_quote) {
   for (const char c : s) {
     if (c == '\\') {
       out += "\\\\";
+    } else if (c == '"' && escape_quote) {
+      out += "\\\"";
     } else if (c == '\n') {
       out += "\\n";
     } else {
@@ -85,19 +88,14 @@ inline void append_help_escaped(std::string& out, std::string_view s) {
   }
 }
 
+// HELP text in the 0.0.4 format: backslash and newline are escaped, quotes are not.
+inline void append_help_escaped(std::string& out, std::string_view s) {
+  append_escaped(out, s, false);
+}
+
 // A label value in the 0.0.4 format: backslash, double quote and newline are escaped.
 inline void append_label_value_escaped(std::string& out, std::string_view s) {
-  for (const char c : s) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
+  append_escaped(out, s, true);
 }
 
 // A JSON string literal, quotes included. Control characters become \n, \t, ... or
