@@ -12,6 +12,16 @@ if(Boost_FOUND AND nlohmann_json_FOUND AND CLI11_FOUND)
   target_include_directories(tailbatch-serve PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/server)
   # Asio's own deprecated interfaces stay out of the build.
   target_compile_definitions(tailbatch-serve PRIVATE BOOST_ASIO_NO_DEPRECATED)
+  # Where libtorch was found (cmake/TailbatchTorch.cmake): --embed-model libtorch serves
+  # /v1/embeddings from examples/libtorch's encoder, its weights by default the file the
+  # build writes (examples/libtorch.cmake). Elsewhere the server is built as before and
+  # that flag fails at start-up.
+  if(TAILBATCH_HAS_TORCH)
+    target_link_libraries(tailbatch-serve PRIVATE tailbatch_libtorch_example)
+    target_compile_definitions(tailbatch-serve PRIVATE TAILBATCH_SERVE_LIBTORCH
+                                                       TAILBATCH_LIBTORCH_WEIGHTS="${CMAKE_CURRENT_BINARY_DIR}/libtorch/encoder.pt")
+    add_dependencies(tailbatch-serve libtorch_weights)
+  endif()
   # examples/minimal_server.cpp (built by examples/CMakeLists.txt's glob): the smallest
   # server to copy from, one route and one Pipeline. It needs Boost and nlohmann-json too.
   target_link_libraries(minimal_server PRIVATE Boost::headers nlohmann_json::nlohmann_json Threads::Threads)

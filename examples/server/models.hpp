@@ -41,6 +41,75 @@ tb::MetricsRegistryConfig metrics_config(const Options& o) {
   return c;
 }
 
+// The reference embedder: the classifier's embedding table as a model of its own, behind a
+// second Pipeline so that the inputs of many clients batch together. An input's vector is the
+// mean of its tokens' rows (the classifier's first stage), L2-normalised.
+void Server::make_reference_embedder() {
+  embed_model_id_ = embedder_model_id;
+  embed_dim_ = classifier_.config().embed_dim;
+  embed_max_tokens_ = classifier_.config().max_tokens;
+  tb::PipelineConfig<std::string> ec;
+  ec.queue_capacity = opt_.queue_capacity;
+  ec.drain_timeout = std::chrono::milliseconds(opt_.drain_timeout_ms);
+  ec.metrics = &registry_;
+  ec.metric_labels = {{"pipeline", "embed"}};
+  embed_pipeline_ = std::make_unique<EmbedPipeline>(
+      [this](std::span<const std::string> texts, std::span<std::vector<float>> out,
+             tb::HostLanes::Lane&) {
+        const ref::ClassifierWeights w = classifier_.weights();
+        const std::size_t dim = w.embed_dim;
+        std::vector<std::uint32_t> ids;
+        for (std::size_t i = 0; i < texts.size(); ++i) {
+          ids.clear();
+          classifier_.tokenizer().tokenize(texts[i], ids);
+          if (ids.size() > classifier_.config().max_tokens)
+            ids.resize(classifier_.config().max_tokens);
+          std::vector<double> sum(dim, 0.0);
+          for (std::uint32_t t : ids) {
+            for (std::size_t k = 0; k < dim; ++k) sum[k] += w.embeddings[std::size_t{t} * dim + k];
+          }
+          double norm = 0.0;
+          for (double x : sum) norm += x * x;
+          norm = std::sqrt(norm);
+          out[i].resize(dim);
+          for (std::size_t k = 0; k < dim; ++k)
+            out[i][k] = norm > 0.0 ? static_cast<float>(sum[k] / norm) : 0.0f;
+        }
+      },
+      tb::FixedWindow(opt_.max_batch, std::chrono::microseconds(opt_.window_us)), ec);
+}
+
+// --embed-model libtorch: examples/libtorch's encoder (a transformer encoder written with
+// torch::nn) behind a Pipeline of its own, as in that example: inputs tokenized before
+// submit, their token count their cost, batched by a TokenBudget with length buckets, run
+// on one TorchLane (libtorch's intra-op threads: all the cores). Throws std::runtime_error,
+// naming the file, when the weights cannot be loaded.
+void Server::make_libtorch_embedder() {
+#ifdef TAILBATCH_SERVE_LIBTORCH
+  namespace tl = tailbatch_libtorch;
+  torch_lanes_ = std::make_unique<tl::TorchLanes>(1, opt_.embed_weights);
+  (void)tl::set_intra_op_threads(1);
+  const tl::EncoderConfig c = torch_lanes_->lane(0).module()->config;
+  torch_tokenizer_.emplace(c);
+  embed_model_id_ = libtorch_embedder_model_id;
+  embed_dim_ = static_cast<std::size_t>(c.d_model);
+  embed_max_tokens_ = static_cast<std::size_t>(c.max_tokens - 1);  // [CLS] takes one
+  embed_counter_.emplace(
+      ref::TokenizerConfig{.vocab_size = static_cast<std::uint32_t>(c.vocab_size - 2),
+                           .max_tokens = embed_max_tokens_ + 1});
+  tb::PipelineConfig<tl::TokenizedText> ec = tl::encoder_pipeline_config(opt_.queue_capacity);
+  ec.drain_timeout = std::chrono::milliseconds(opt_.drain_timeout_ms);
+  ec.metrics = &registry_;
+  ec.metric_labels = {{"pipeline", "embed"}};
+  torch_embed_ = std::make_unique<tl::EncoderPipeline>(
+      tl::EncoderModel{},
+      tl::encoder_policy(opt_.max_batch, std::chrono::microseconds(opt_.window_us)), ec,
+      *torch_lanes_);
+#else
+  throw std::runtime_error("--embed-model libtorch: this build has no libtorch");
+#endif
+}
+
 Server::Server(const Options& o)
     : opt_(o),
       registry_(metrics_config(o)),
@@ -110,38 +179,12 @@ Server::Server(const Options& o)
       },
       bc);
 
-  // The embedder: the classifier's embedding table as a model of its own, behind a second
-  // Pipeline so that the inputs of many clients batch together. An input's vector is the
-  // mean of its tokens' rows (the classifier's first stage), L2-normalised.
-  tb::PipelineConfig<std::string> ec;
-  ec.queue_capacity = o.queue_capacity;
-  ec.drain_timeout = std::chrono::milliseconds(o.drain_timeout_ms);
-  ec.metrics = &registry_;
-  ec.metric_labels = {{"pipeline", "embed"}};
-  embed_pipeline_ = std::make_unique<EmbedPipeline>(
-      [this](std::span<const std::string> texts, std::span<std::vector<float>> out,
-             tb::HostLanes::Lane&) {
-        const ref::ClassifierWeights w = classifier_.weights();
-        const std::size_t dim = w.embed_dim;
-        std::vector<std::uint32_t> ids;
-        for (std::size_t i = 0; i < texts.size(); ++i) {
-          ids.clear();
-          classifier_.tokenizer().tokenize(texts[i], ids);
-          if (ids.size() > classifier_.config().max_tokens)
-            ids.resize(classifier_.config().max_tokens);
-          std::vector<double> sum(dim, 0.0);
-          for (std::uint32_t t : ids) {
-            for (std::size_t k = 0; k < dim; ++k) sum[k] += w.embeddings[std::size_t{t} * dim + k];
-          }
-          double norm = 0.0;
-          for (double x : sum) norm += x * x;
-          norm = std::sqrt(norm);
-          out[i].resize(dim);
-          for (std::size_t k = 0; k < dim; ++k)
-            out[i][k] = norm > 0.0 ? static_cast<float>(sum[k] / norm) : 0.0f;
-        }
-      },
-      tb::FixedWindow(o.max_batch, std::chrono::microseconds(o.window_us)), ec);
+  // The embedder (--embed-model): the libtorch encoder, or the reference one below.
+  if (o.embed_model == "libtorch") {
+    make_libtorch_embedder();
+  } else {
+    make_reference_embedder();
+  }
 
   const auto window = std::chrono::seconds(o.stats_window_s);
   classify_latency_ = &registry_.windowed_histogram(

@@ -8,7 +8,7 @@ namespace tailbatch_serve {
 
 void Server::models(const std::shared_ptr<Connection>& c) {
   json data = json::array();
-  for (std::string_view id : {generator_model_id, embedder_model_id}) {
+  for (std::string_view id : {generator_model_id, embed_model_id_}) {
     data.push_back(
         {{"id", id}, {"object", "model"}, {"created", created_}, {"owned_by", "tailbatch"}});
   }
@@ -124,20 +124,24 @@ void Server::completions(const std::shared_ptr<Connection>& c,
 
 void Server::embeddings(const std::shared_ptr<Connection>& c,
                         const http::request<http::string_body>& req) {
-  const std::size_t dim = classifier_.config().embed_dim;
+  const std::size_t dim = embed_dim_;
   ApiError err;
   auto decoded = tailbatch_serve::decode_embeddings(req.body(), limits_, oai_limits_, dim, err);
   if (!decoded) return c->respond_api_error(err);
   c->context().user = tailbatch_serve::loggable(decoded->user);
-  if (decoded->model != embedder_model_id) {
+  if (decoded->model != embed_model_id_) {
     return c->respond_api_error(model_not_found(decoded->model, "embed"));
   }
-  const std::size_t limit = classifier_.config().max_tokens;
+  const std::size_t limit = embed_max_tokens_;
   std::size_t prompt_tokens = 0;
   std::vector<std::uint32_t> ids;
   for (std::size_t i = 0; i < decoded->inputs.size(); ++i) {
     ids.clear();
-    classifier_.tokenizer().tokenize(decoded->inputs[i], ids);
+    if (embed_counter_) {
+      embed_counter_->tokenize(decoded->inputs[i], ids);
+    } else {
+      classifier_.tokenizer().tokenize(decoded->inputs[i], ids);
+    }
     if (ids.size() > limit) {
       return c->respond_api_error(ApiError{400,
                                            "input " + std::to_string(i) + " has more than " +
@@ -177,39 +181,55 @@ void Server::embeddings(const std::shared_ptr<Connection>& c,
   so.deadline = *deadline;
   so.arrival = c->context().arrival;
   so.cancel = job->cancel.get_token();
+  // Each input is one request; the last outcome in answers the whole.
+  auto deliver = [](const std::shared_ptr<EmbedJob>& job, std::size_t i,
+                    tb::Outcome<std::vector<float>>&& o) {
+    job->outcomes[i].emplace(std::move(o));
+    if (job->remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    auto conn = job->conn;
+    asio::post(conn->executor(), [conn, job] {
+      json data = json::array();
+      for (std::size_t k = 0; k < job->outcomes.size(); ++k) {
+        auto& out = *job->outcomes[k];
+        if (!out.ok())
+          return conn->finish_custom(
+              [e = out.error()](Connection& cc) { cc.respond_outcome_error(e); });
+        json item = {{"object", "embedding"}, {"index", k}};
+        const std::vector<float>& v = out.value();
+        if (job->base64) {
+          item["embedding"] = tailbatch_serve::base64(
+              std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
+        } else {
+          item["embedding"] = v;
+        }
+        data.push_back(std::move(item));
+      }
+      json body = {
+          {"object", "list"},
+          {"data", std::move(data)},
+          {"model", job->model},
+          {"usage", {{"prompt_tokens", job->prompt_tokens}, {"total_tokens", job->prompt_tokens}}}};
+      conn->finish_custom(
+          [b = dump(body)](Connection& cc) mutable { cc.respond(200, std::move(b)); });
+    });
+  };
   for (std::size_t i = 0; i < n; ++i) {
+#ifdef TAILBATCH_SERVE_LIBTORCH
+    if (torch_embed_) {
+      torch_embed_->submit((*torch_tokenizer_)(decoded->inputs[i], i), so,
+                           [job, i, deliver](tb::Outcome<tailbatch_libtorch::Encoding>&& o) {
+                             if (o.ok()) {
+                               deliver(job, i, std::move(o.value().embedding));
+                             } else {
+                               deliver(job, i, o.error());
+                             }
+                           });
+      continue;
+    }
+#endif
     embed_pipeline_->submit(
-        std::move(decoded->inputs[i]), so, [job, i](tb::Outcome<std::vector<float>>&& o) {
-          job->outcomes[i].emplace(std::move(o));
-          if (job->remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-          auto conn = job->conn;
-          asio::post(conn->executor(), [conn, job] {
-            json data = json::array();
-            for (std::size_t k = 0; k < job->outcomes.size(); ++k) {
-              auto& out = *job->outcomes[k];
-              if (!out.ok())
-                return conn->finish_custom(
-                    [e = out.error()](Connection& cc) { cc.respond_outcome_error(e); });
-              json item = {{"object", "embedding"}, {"index", k}};
-              const std::vector<float>& v = out.value();
-              if (job->base64) {
-                item["embedding"] = tailbatch_serve::base64(std::string_view(
-                    reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
-              } else {
-                item["embedding"] = v;
-              }
-              data.push_back(std::move(item));
-            }
-            json body = {
-                {"object", "list"},
-                {"data", std::move(data)},
-                {"model", job->model},
-                {"usage",
-                 {{"prompt_tokens", job->prompt_tokens}, {"total_tokens", job->prompt_tokens}}}};
-            conn->finish_custom(
-                [b = dump(body)](Connection& cc) mutable { cc.respond(200, std::move(b)); });
-          });
-        });
+        std::move(decoded->inputs[i]), so,
+        [job, i, deliver](tb::Outcome<std::vector<float>>&& o) { deliver(job, i, std::move(o)); });
   }
 }
 

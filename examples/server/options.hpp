@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -50,6 +51,11 @@ struct Options {
   unsigned write_timeout_ms =
       30'000;  // a response (or stream chunk) not written in this long closes
 
+  // /v1/embeddings' model: "reference" (the reference classifier's embedding table) or
+  // "libtorch" (examples/libtorch's encoder; only where the build found libtorch).
+  std::string embed_model = "reference";
+  std::string embed_weights;  // the libtorch encoder's weights; empty: the file the build wrote
+
   // Testing and demos only: wrapped around the model callables, never inside them.
   std::string fail_on_text;
   unsigned model_delay_ms = 0;
@@ -59,6 +65,17 @@ struct Options {
 // The names /v1/models lists.
 constexpr std::string_view generator_model_id = "tailbatch-reference-generator";
 constexpr std::string_view embedder_model_id = "tailbatch-reference-embedder";
+constexpr std::string_view libtorch_embedder_model_id = "tailbatch-embed-libtorch";
+
+// Whether this build has the libtorch encoder (find_package(Torch) succeeded at configure),
+// and where the build wrote its weights.
+#ifdef TAILBATCH_SERVE_LIBTORCH
+constexpr bool built_with_libtorch = true;
+constexpr std::string_view default_embed_weights = TAILBATCH_LIBTORCH_WEIGHTS;
+#else
+constexpr bool built_with_libtorch = false;
+constexpr std::string_view default_embed_weights = "";
+#endif
 
 // Parses the command line into o. Returns -1 to go on, else the exit code (0 after
 // --help, non-zero with CLI11's message for a bad flag).
@@ -213,7 +230,24 @@ inline int parse_options(int argc, char** argv, Options& o) {
          "--model-delay-ms", o.model_delay_ms,
          "Testing and demos: every classify batch takes this much longer, as a slower model would")
       ->capture_default_str();
+  app.add_option("--embed-model", o.embed_model,
+                 "The /v1/embeddings model: reference (the reference classifier's embedding "
+                 "table, id tailbatch-reference-embedder) or libtorch (examples/libtorch's "
+                 "encoder, id tailbatch-embed-libtorch; only in a build that found libtorch)")
+      ->check(CLI::IsMember({"reference", "libtorch"}))
+      ->capture_default_str();
+  app.add_option("--embed-weights", o.embed_weights,
+                 "With --embed-model libtorch: the encoder's weights (torch::save); default: the "
+                 "file the build wrote (target libtorch_weights)");
   CLI11_PARSE(app, argc, argv);
+  if (o.embed_model == "libtorch" && !built_with_libtorch) {
+    std::fprintf(stderr,
+                 "tailbatch-serve: --embed-model libtorch: this build has no libtorch "
+                 "(find_package(Torch) failed at configure; scripts/deps.sh --all installs "
+                 "libtorch-dev)\n");
+    return 2;
+  }
+  if (o.embed_weights.empty()) o.embed_weights = std::string(default_embed_weights);
   return -1;
 }
 

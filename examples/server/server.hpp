@@ -129,6 +129,8 @@ class Server {
   void accept();
   void begin_drain();
   void warm_up();
+  void make_reference_embedder();
+  void make_libtorch_embedder();
   void schedule_autoscale();
   void autoscale_tick();
   void schedule_littles_law();
@@ -163,7 +165,18 @@ class Server {
   ServerAdmission admission_;
   std::unique_ptr<ClassifyPipeline> pipeline_;
   std::unique_ptr<Batcher> batcher_;
-  std::unique_ptr<EmbedPipeline> embed_pipeline_;
+  std::unique_ptr<EmbedPipeline> embed_pipeline_;  // null with --embed-model libtorch
+#ifdef TAILBATCH_SERVE_LIBTORCH
+  // --embed-model libtorch: the encoder's lanes (each its own module, loaded from
+  // --embed-weights) and its Pipeline; both null otherwise. The lanes outlive the Pipeline.
+  std::unique_ptr<tailbatch_libtorch::TorchLanes> torch_lanes_;
+  std::unique_ptr<tailbatch_libtorch::EncoderPipeline> torch_embed_;
+  std::optional<tailbatch_libtorch::TextTokenizer> torch_tokenizer_;
+#endif
+  std::string_view embed_model_id_ = embedder_model_id;  // what /v1/models lists
+  std::size_t embed_dim_ = 0;                            // an embedding's length
+  std::size_t embed_max_tokens_ = 0;             // longer inputs get 400 context_length_exceeded
+  std::optional<ref::Tokenizer> embed_counter_;  // counts an input's tokens (to max + 1)
   std::int64_t created_ = 0;  // /v1/models' "created": the server's start, Unix seconds
   std::vector<std::atomic<std::uint64_t>> batch_sizes_;  // [size - 1]: batches run of that size
   std::vector<std::atomic<std::uint64_t>>

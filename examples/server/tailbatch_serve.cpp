@@ -59,6 +59,12 @@
 #include "openai_protocol.hpp"
 #include "request_decoding.hpp"
 
+// Built with libtorch (examples/server.cmake, where find_package(Torch) succeeded):
+// --embed-model libtorch serves /v1/embeddings from examples/libtorch's encoder.
+#ifdef TAILBATCH_SERVE_LIBTORCH
+#include "encoder_pipeline.hpp"
+#endif
+
 #ifndef TAILBATCH_SERVE_CHART_JS
 #define TAILBATCH_SERVE_CHART_JS "/usr/share/javascript/chart.js/chart.min.js"
 #endif
@@ -165,8 +171,17 @@ void Server::warm_up() {
     for (std::size_t size = 1; size <= opt_.max_batch; ++size) wc.sizes.push_back(size);
     const tb::WarmupReport classify =
         tb::warmup(*pipeline_, std::span<const std::string>(samples), wc);
-    const tb::WarmupReport embed =
-        tb::warmup(*embed_pipeline_, std::span<const std::string>(samples), wc);
+    tb::WarmupReport embed;
+    if (embed_pipeline_)
+      embed = tb::warmup(*embed_pipeline_, std::span<const std::string>(samples), wc);
+#ifdef TAILBATCH_SERVE_LIBTORCH
+    if (torch_embed_) {
+      std::vector<tailbatch_libtorch::TokenizedText> tokenized;
+      for (const std::string& t : samples) tokenized.push_back((*torch_tokenizer_)(t));
+      embed = tb::warmup(*torch_embed_,
+                         std::span<const tailbatch_libtorch::TokenizedText>(tokenized), wc);
+    }
+#endif
     if (!classify.ok() || !embed.ok()) {
       std::fprintf(stderr, "tailbatch-serve: warm-up incomplete (%s); serving anyway\n",
                    (!classify.ok() ? classify.first_error : embed.first_error).c_str());
@@ -208,7 +223,12 @@ void Server::begin_drain() {
         std::chrono::steady_clock::now() + std::chrono::milliseconds(opt_.drain_timeout_ms) + 1s;
     // Queued and running work finishes (or is answered shutting_down) within the drain timeout.
     std::thread p([this] { pipeline_->shutdown(); });
-    std::thread e([this] { embed_pipeline_->shutdown(); });
+    std::thread e([this] {
+      if (embed_pipeline_) embed_pipeline_->shutdown();
+#ifdef TAILBATCH_SERVE_LIBTORCH
+      if (torch_embed_) torch_embed_->shutdown();
+#endif
+    });
     batcher_->shutdown();
     p.join();
     e.join();
