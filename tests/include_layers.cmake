@@ -36,6 +36,13 @@ set(_tailbatch_layer_exceptions
     "detail/adaptive/state.hpp -> adaptive_plan.hpp"
     "detail/adaptive/state.hpp -> batch_window.hpp"
     "detail/adaptive/state.hpp -> metrics.hpp"
+    # The ledger records into the end-to-end LatencyHistogram and reads in load.hpp's and
+    # littles_law.hpp's shapes; the Pipeline's constructor checks take its config's types.
+    "detail/outcome_ledger.hpp -> latency_histogram.hpp"
+    "detail/outcome_ledger.hpp -> littles_law.hpp"
+    "detail/outcome_ledger.hpp -> load.hpp"
+    "detail/pipeline/validate.hpp -> batch_window.hpp"
+    "detail/pipeline/validate.hpp -> pipeline_config.hpp"
     "detail/pipeline/batch.hpp -> batch_window.hpp"
     "detail/pipeline/batch_former.hpp -> batch_window.hpp"
     "detail/pipeline/metrics.hpp -> batch_window.hpp"
