@@ -5,8 +5,8 @@
 # times the whole response, the token timings come from the server's own
 # tailbatch_generation_* histograms (emission by the decode loop, the difference of two
 # scrapes around each run, percentiles interpolated within buckets as Prometheus does),
-# the CPU from /proc/PID/stat around each run. Run it through /work/tools/quiet (or on a
-# quiet machine) when the numbers are to be recorded.
+# the CPU from /proc/PID/stat around each run. Run it on a quiet machine (nothing else
+# running) when the numbers are to be recorded.
 #
 #   benchmarks/openai/run.sh [BUILD_DIR] [RATES] [SECONDS]   (build/default, "20 80 200", 8)
 set -euo pipefail
