@@ -224,6 +224,7 @@ class Server {
   std::unique_ptr<tb::Autoscaler> autoscaler_;
   std::optional<tb::PipelineOccupancy> autoscale_last_;  // the interval's start
   std::uint64_t autoscale_last_submitted_ = 0;
+  std::uint64_t autoscale_last_rejected_ = 0;
   bool autoscale_off_ = false;
   bool loopback_bind_ = false;  // bound to a loopback address: the Host header is checked
   // Requests per second one lane ran in the warm-up's fastest full batch, times the lanes;

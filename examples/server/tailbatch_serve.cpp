@@ -301,10 +301,13 @@ void Server::schedule_autoscale() {
 // warm-up's batches are not load.
 void Server::autoscale_tick() {
   const tb::PipelineOccupancy occ = pipeline_->occupancy();
-  const std::uint64_t submitted = pipeline_->stats().submitted;
+  const auto counts = pipeline_->stats();
+  const std::uint64_t submitted = counts.submitted;
+  const std::uint64_t rejected = counts.count(tb::Status::rejected);
   const auto restart = [&] {
     autoscale_last_ = occ;
     autoscale_last_submitted_ = submitted;
+    autoscale_last_rejected_ = rejected;
   };
   if (!ready()) return restart();
   try {
@@ -348,6 +351,10 @@ void Server::autoscale_tick() {
     const std::uint64_t arrived =
         submitted >= autoscale_last_submitted_ ? submitted - autoscale_last_submitted_ : 0;
     mine.arrival_rps = static_cast<double>(arrived) / seconds;
+    // Refused at the door: demand, but never queued, so the Little's-law check leaves them out.
+    const std::uint64_t refused =
+        rejected >= autoscale_last_rejected_ ? std::min(rejected - autoscale_last_rejected_, arrived) : 0;
+    mine.rejected_rps = static_cast<double>(refused) / seconds;
     mine.queue_depth = w.mean_queued;
     mine.in_flight = w.mean_executing;
     mine.mean_latency = w.mean_latency;

@@ -63,6 +63,7 @@ enum class LoadBalancing : std::uint8_t {
 struct ReplicaObservation {
   std::size_t id = 0;                 // replicas are numbered from 0 in order of creation
   double arrival_rps = 0.0;           // requests routed to it per second
+  double rejected_rps = 0.0;          // of them, refused by its full queue
   double completion_rps = 0.0;        // requests it completed per second
   double mean_queue_depth = 0.0;      // requests waiting, averaged over time
   double mean_in_flight = 0.0;        // requests in executing batches, averaged over time
@@ -77,6 +78,7 @@ struct ReplicaObservation {
   [[nodiscard]] ReplicaSignals signals() const noexcept {
     ReplicaSignals s;
     s.arrival_rps = arrival_rps;
+    s.rejected_rps = rejected_rps;
     s.queue_depth = mean_queue_depth;
     s.in_flight = mean_in_flight;
     s.p95 = p95;
@@ -186,7 +188,7 @@ struct FleetReplica {
   std::size_t queued = 0, executing = 0;
   // Interval readings, reset at each evaluation.
   BatchTime interval_start{};
-  std::uint64_t routed = 0, completed = 0;
+  std::uint64_t routed = 0, completed = 0, rejected = 0;
   std::vector<std::int64_t> latencies;   // end to end, ns
   double inside_s = 0.0;                 // summed time inside the replica
   double queue_area = 0.0, exec_area = 0.0, busy_s = 0.0;
@@ -380,6 +382,7 @@ template <BatchPolicy Policy>
       const double span = duration<double>(now - std::max(p->interval_start, p->ready_at)).count();
       if (span > 0.0) {
         ro.arrival_rps = static_cast<double>(p->routed) / span;
+        ro.rejected_rps = static_cast<double>(std::min(p->rejected, p->routed)) / span;
         ro.completion_rps = static_cast<double>(p->completed) / span;
         ro.mean_queue_depth = p->queue_area / span;
         ro.mean_in_flight = p->exec_area / span;
@@ -398,7 +401,7 @@ template <BatchPolicy Policy>
   auto reset_interval = [&](BatchTime now) {
     for (auto& p : replicas) {
       p->interval_start = std::max(now, p->interval_start);
-      p->routed = p->completed = 0;
+      p->routed = p->completed = p->rejected = 0;
       p->latencies.clear();
       p->inside_s = p->queue_area = p->exec_area = p->busy_s = 0.0;
     }
@@ -502,6 +505,7 @@ template <BatchPolicy Policy>
                             [c = &ctx, p, arrival](Outcome<tools::detail::SimResponse>&& o) noexcept {
                               --p->queued;
                               if (!o.ok()) {
+                                if (o.status() == Status::rejected) ++p->rejected;
                                 ++c->result->failed;
                                 (*c->record)(arrival, failed_latency);
                                 return;
