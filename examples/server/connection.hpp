@@ -82,10 +82,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     auto res = std::make_shared<http::response<http::string_body>>();
     res->version(ctx_.version);
     res->result(static_cast<unsigned>(code));
-    res->reason(std::string(code == 401   ? "Unauthorized"
-                            : code == 415 ? "Unsupported Media Type"
-                            : code == 501 ? "Not Implemented"
-                                          : tb::http_reason_phrase(code)));
+    res->reason(std::string(tb::http_reason_phrase(code)));
     res->set(http::field::server, "tailbatch-serve");
     res->set(http::field::content_type, std::string(content_type));
     res->set("x-request-id", ctx_.request_id);
