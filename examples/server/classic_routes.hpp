@@ -31,11 +31,18 @@ void Server::count_response(std::string_view route, int code, SteadyTime arrival
   it->second->inc();
 }
 
+std::chrono::nanoseconds Server::classify_default_budget() const noexcept {
+  if (!opt_.default_timeout_from_slo) return std::chrono::milliseconds(opt_.default_timeout_ms);
+  return std::chrono::nanoseconds(slo_inputs_->wait_budget_ns.load(std::memory_order_relaxed));
+}
+
 std::optional<SteadyTime> Server::deadline_of(const std::shared_ptr<Connection>& c,
-                                              const http::request<http::string_body>& req) {
+                                              const http::request<http::string_body>& req,
+                                              bool classify) {
   const auto h = req.find(beast::string_view(tailbatch_serve::timeout_header.data(),
                                              tailbatch_serve::timeout_header.size()));
-  std::chrono::milliseconds budget(opt_.default_timeout_ms);
+  std::chrono::nanoseconds budget =
+      classify ? classify_default_budget() : std::chrono::milliseconds(opt_.default_timeout_ms);
   if (h != req.end()) {
     std::string error;
     auto t = tailbatch_serve::decode_timeout(std::string_view(h->value().data(), h->value().size()),
@@ -178,7 +185,7 @@ void Server::classify(const std::shared_ptr<Connection>& c,
   std::string error;
   auto decoded = tailbatch_serve::decode_classify(req.body(), limits_, error);
   if (!decoded) return c->respond_error(400, "bad_request", error);
-  const auto deadline = deadline_of(c, req);
+  const auto deadline = deadline_of(c, req, true);
   if (!deadline) return;
   auto job = std::make_shared<Connection::ClassifyJob>();
   const std::size_t n = decoded->texts.size();
@@ -336,7 +343,9 @@ std::string Server::stats_json() {
                    {"rejections", rejections},
                    {"requests_per_s", classify_rate_.per_second(now)},
                    {"max_batch", opt_.max_batch},
-                   {"limit", opt_.limit},
+                   {"limit", opt_.limit_from_slo ? json("slo") : json(opt_.limit)},
+                   {"default_deadline_ms",
+                    std::chrono::duration<double, std::milli>(classify_default_budget()).count()},
                    {"limit_current", limiter_ ? limiter_->limit() : 0u},
                    {"dispatch_reasons", reasons}};
   j["generate"] = {{"latency_ms", pct(generate_latency_->snapshot())},

@@ -10,14 +10,38 @@ namespace tailbatch_serve {
 
 ref::ClassifierConfig classifier_config() { return ref::ClassifierConfig{}; }
 
+// The classify limiter: --limit N's static limit, or (no --limit) the SLO's (SloLimit).
 std::unique_ptr<ServerAdmission::Limiter> make_limiter(const Options& o,
-                                                       tb::MetricsRegistry& registry) {
-  if (o.limit == 0) return nullptr;
+                                                       tb::MetricsRegistry& registry,
+                                                       std::shared_ptr<const SloInputs> inputs) {
+  if (!o.limit_from_slo && o.limit == 0) return nullptr;
   tb::ConcurrencyLimiterConfig lo;
   lo.queue_capacity = 0;
   lo.metrics = &registry;
   lo.metric_labels = {{"route", "classify"}};
-  return std::make_unique<ServerAdmission::Limiter>(tb::StaticLimit(o.limit), lo);
+  const std::size_t batch_slots = o.max_batch * o.lanes;
+  // At most what the queue holds and the lanes run (the queue refuses first then).
+  const auto floor = static_cast<std::uint32_t>(std::min<std::size_t>(2 * batch_slots, 1u << 20));
+  const auto ceiling = static_cast<std::uint32_t>(
+      std::min<std::size_t>(o.queue_capacity + 2 * batch_slots, tb::kMaxConcurrencyLimit));
+  return std::make_unique<ServerAdmission::Limiter>(
+      SloLimit(std::move(inputs), floor, ceiling,
+               o.limit_from_slo ? std::nullopt : std::optional<std::uint32_t>(o.limit)),
+      lo);
+}
+
+// The classify requests' wait budget when the client sets none: --default-timeout-ms, or
+// from the SLO. A request that starts by its deadline still has its batch to run and its
+// answer to write: the budget is the target less four full batches' time (the warm-up's
+// measurement, batch_time: a lane busy with the batch before, the request's own, and as
+// much again for the I/O thread and a loaded machine), at least two batches' time; 75 % of
+// the target while no batch has been timed.
+std::chrono::nanoseconds classify_wait_budget(const Options& o,
+                                              std::chrono::nanoseconds batch_time) {
+  const auto target = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double, std::milli>(o.slo_p95_ms));
+  if (batch_time <= std::chrono::nanoseconds::zero()) return target * 3 / 4;
+  return std::max(target - 4 * batch_time, 2 * batch_time);
 }
 
 // Testing and demos: --model-delay-ms makes every classify batch slower, --fail-on-text
@@ -117,7 +141,7 @@ Server::Server(const Options& o)
       classifier_model_(classifier_),
       text_generator_(generator_),
       lanes_(o.lanes),
-      limiter_(make_limiter(o, registry_)),
+      limiter_(make_limiter(o, registry_, slo_inputs_)),
       admission_(limiter_.get()),
       batch_sizes_(o.max_batch),
       decode_batch_sizes_(o.gen_max_active),
@@ -156,6 +180,12 @@ Server::Server(const Options& o)
   pipeline_ = std::make_unique<ClassifyPipeline>(
       model, tb::FixedWindow(o.max_batch, std::chrono::microseconds(o.window_us)), pc, lanes_,
       admission_);
+  slo_inputs_->drain_rate = [p = pipeline_.get()] { return p->drain_rate_approx(); };
+  const std::chrono::nanoseconds wait =
+      o.default_timeout_from_slo || o.default_timeout_ms == 0
+          ? classify_wait_budget(o, {})
+          : std::chrono::nanoseconds(std::chrono::milliseconds(o.default_timeout_ms));
+  slo_inputs_->wait_budget_ns.store(wait.count(), std::memory_order_relaxed);
 
   tb::ContinuousBatcherConfig bc;
   bc.max_active = o.gen_max_active;

@@ -24,8 +24,10 @@ struct Options {
   unsigned window_us = 2000;
   std::size_t lanes = 1;
   std::size_t queue_capacity = 4096;
-  unsigned limit = 256;
+  unsigned limit = 256;        // with --limit: a static ConcurrencyLimiter limit
+  bool limit_from_slo = true;  // no --limit: admission from the SLO (SloLimit, server.hpp)
   unsigned default_timeout_ms = 2000;
+  bool default_timeout_from_slo = true;  // no --default-timeout-ms: classify's comes from the SLO
   unsigned warmup_rounds = 2;
   unsigned drain_timeout_ms = 5000;
   unsigned stats_window_s = 60;
@@ -120,14 +122,16 @@ inline int parse_options(int argc, char** argv, Options& o) {
                  "Classify requests that may wait; more get 503 queue_full")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24))
       ->capture_default_str();
-  app.add_option(
-         "--limit", o.limit,
-         "ConcurrencyLimiter limit on classify requests admitted; beyond it 503 overloaded. "
-         "0 admits none (sheds all classify load)")
-      ->capture_default_str();
-  app.add_option("--default-timeout-ms", o.default_timeout_ms,
-                 "Deadline for requests without an X-Request-Timeout-Ms header (0: none)")
-      ->capture_default_str();
+  auto* limit = app.add_option(
+      "--limit", o.limit,
+      "A static ConcurrencyLimiter limit on classify requests admitted (queued and running); "
+      "beyond it 503 overloaded. 0 admits none (sheds all classify load). Default: from the "
+      "SLO, four times what the Pipeline serves (its drain rate) within the classify deadline");
+  auto* timeout = app.add_option(
+      "--default-timeout-ms", o.default_timeout_ms,
+      "Deadline for requests without an X-Request-Timeout-Ms header (0: none). Default: "
+      "2000 for generation; for classify, from --slo-p95-ms (the target less four "
+      "full batches' time, measured by the warm-up; 75 % of it until measured)");
   app.add_option("--warmup-rounds", o.warmup_rounds,
                  "Warm-up batches of each size before /readyz says ready")
       ->capture_default_str();
@@ -240,6 +244,8 @@ inline int parse_options(int argc, char** argv, Options& o) {
                  "With --embed-model libtorch: the encoder's weights (torch::save); default: the "
                  "file the build wrote (target libtorch_weights)");
   CLI11_PARSE(app, argc, argv);
+  o.limit_from_slo = limit->count() == 0;
+  o.default_timeout_from_slo = timeout->count() == 0;
   if (o.embed_model == "libtorch" && !built_with_libtorch) {
     std::fprintf(stderr,
                  "tailbatch-serve: --embed-model libtorch: this build has no libtorch "

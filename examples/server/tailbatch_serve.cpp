@@ -91,6 +91,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -193,6 +194,15 @@ void Server::warm_up() {
         tb::warmup(*pipeline_, std::span<const std::string>(samples), timed);
     const double s = std::chrono::duration<double>(full.elapsed).count();
     if (full.ok() && s > 0.0) measured_capacity_rps_ = static_cast<double>(full.requests) / s;
+    // The classify deadline's budget from the SLO, now that a full batch is timed.
+    if (measured_capacity_rps_ > 0.0 && opt_.default_timeout_from_slo) {
+      const double batch_s =
+          static_cast<double>(opt_.max_batch * opt_.lanes) / measured_capacity_rps_;
+      const auto budget =
+          classify_wait_budget(opt_, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         std::chrono::duration<double>(batch_s)));
+      slo_inputs_->wait_budget_ns.store(budget.count(), std::memory_order_relaxed);
+    }
     // The generator: a few steps over a full decode batch.
     std::vector<std::shared_ptr<Batcher::Stream>> streams;
     for (std::size_t i = 0; i < opt_.gen_max_active; ++i) {
@@ -208,6 +218,15 @@ void Server::warm_up() {
   readiness_.set_ready(true);
   std::fprintf(stderr, "tailbatch-serve: warmed up (batch sizes 1..%zu, %u rounds each); ready\n",
                opt_.max_batch, opt_.warmup_rounds);
+  if (opt_.default_timeout_from_slo || opt_.limit_from_slo) {
+    std::fprintf(
+        stderr,
+        "tailbatch-serve: classify admission from the SLO (p95 %g ms): %s deadline %.1f ms, "
+        "limit %s\n",
+        opt_.slo_p95_ms, opt_.default_timeout_from_slo ? "default" : "--default-timeout-ms",
+        std::chrono::duration<double, std::milli>(classify_default_budget()).count(),
+        opt_.limit_from_slo ? "drain rate x deadline" : "--limit");
+  }
 }
 
 void Server::begin_drain() {

@@ -365,7 +365,10 @@ def main():
     # ---- D: SIGTERM with requests in flight ---------------------------------------------
     # Batches of 4 take 300 ms; the drain gives queued work 250 ms: the batch in the model
     # at SIGTERM completes, what is still queued then is answered 503 shutting_down.
-    d = Server("--max-batch", "4", "--model-delay-ms", "300", "--warmup-rounds", "1", "--drain-timeout-ms", "250")
+    # --default-timeout-ms 2000: the deadline from the SLO (600 ms with these batches) would
+    # end the queued requests before the drain does.
+    d = Server("--max-batch", "4", "--model-delay-ms", "300", "--warmup-rounds", "1", "--drain-timeout-ms", "250",
+               "--default-timeout-ms", "2000")
     d.wait_ready()
     idle = socket.create_connection(("127.0.0.1", d.port), timeout=5)
     idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
