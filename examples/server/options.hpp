@@ -45,6 +45,13 @@ struct Options {
   std::size_t gen_max_prompt_tokens = 256;  // longer prompts get 400 (context_length_exceeded)
 
   std::string api_key;  // --api-key / TAILBATCH_API_KEY; empty: open
+
+  // Tenants (docs/serving.md, "Tenants"): who a request is served for, and how they share.
+  std::string api_keys_file;        // --api-keys: "KEY TENANT [WEIGHT [MAX_IN_FLIGHT]]" per line
+  bool tenant_header = false;       // --tenant-header: X-Tenant names the tenant (after key, user)
+  std::string scheduling = "fair";  // --scheduling fair|fifo
+  std::string queue_policy = "reject-newest";  // --queue-policy (the classify queue)
+  std::size_t tenant_max_in_flight = 0;        // --tenant-max-in-flight: default quota; 0: none
   unsigned sse_keepalive_ms =
       10'000;  // a ": keep-alive" comment on a stream idle this long; 0: none
   double littles_law_interval_s = 10.0;  // the Pipeline's Little's-law check; 0: off
@@ -202,6 +209,30 @@ inline int parse_options(int argc, char** argv, Options& o) {
                  "/metrics, "
                  "/dashboard stay open. Without a key the server is open")
       ->envname("TAILBATCH_API_KEY");
+  // Tenants.
+  app.add_option("--api-keys", o.api_keys_file,
+                 "A keys file: one 'KEY TENANT [WEIGHT [MAX_IN_FLIGHT]]' per line ('#' starts a "
+                 "comment). Each key is accepted as 'Authorization: Bearer KEY' (with --api-key's, "
+                 "if any) and names its tenant, its fair-share weight (default 1) and its quota of "
+                 "requests in flight (default --tenant-max-in-flight)")
+      ->envname("TAILBATCH_API_KEYS");
+  app.add_flag("--tenant-header", o.tenant_header,
+               "A request's X-Tenant header names its tenant when neither its API key (--api-keys) "
+               "nor an OpenAI 'user' field does");
+  app.add_option("--scheduling", o.scheduling,
+                 "How the next request is chosen across tenants: fair (virtual token counters, "
+                 "by weight) or fifo")
+      ->check(CLI::IsMember({"fair", "fifo"}))
+      ->capture_default_str();
+  app.add_option("--queue-policy", o.queue_policy,
+                 "The classify queue under overload: reject-newest, shed-oldest, adaptive-lifo "
+                 "or codel (docs/pipeline.md)")
+      ->check(CLI::IsMember({"reject-newest", "shed-oldest", "adaptive-lifo", "codel"}))
+      ->capture_default_str();
+  app.add_option("--tenant-max-in-flight", o.tenant_max_in_flight,
+                 "Requests one tenant may have queued or running at once, per model; more get 429 "
+                 "with Retry-After (quota_exceeded). 0: no quota")
+      ->capture_default_str();
   app.add_option("--sse-keepalive-ms", o.sse_keepalive_ms,
                  "Send a ': keep-alive' comment on an event stream idle this long; 0: never")
       ->capture_default_str();

@@ -199,7 +199,16 @@ class Server {
                    const http::request<http::string_body>& req, bool chat);
   void embeddings(const std::shared_ptr<Connection>& c,
                   const http::request<http::string_body>& req);
-  [[nodiscard]] bool authorized(const http::request<http::string_body>& req) const;
+  // Whether the request may use /v1/*: no key is configured, or its bearer token is
+  // --api-key's or one of --api-keys' (whose tenant it notes in the connection's context).
+  [[nodiscard]] bool authorize(const std::shared_ptr<Connection>& c,
+                               const http::request<http::string_body>& req);
+  // The tenant a request is served for: its API key's (--api-keys), else its OpenAI `user`
+  // field's, else (--tenant-header) its X-Tenant header's, else the default tenant 0. Names
+  // are interned (TenantNames: at most its capacity get an id of their own).
+  [[nodiscard]] tb::TenantId tenant_of(const std::shared_ptr<Connection>& c,
+                                       const http::request<http::string_body>& req,
+                                       std::string_view user = {});
   // The generation's end bound from X-Request-Timeout-Ms (none without the header).
   SteadyTime completion_deadline_of(const http::request<http::string_body>& req,
                                     SteadyTime arrival) const;
@@ -223,6 +232,15 @@ class Server {
   ref::TextGenerator text_generator_;
   ref::TextVocabulary vocab_;
   tb::HostLanes lanes_;
+  // Tenants: the keys of --api-keys with their tenants, the interned names, and the
+  // TenantsConfig every front door is built with (weights and quotas).
+  struct TenantKey {
+    std::string key;
+    tb::TenantId tenant = 0;
+  };
+  std::vector<TenantKey> tenant_keys_;
+  tb::TenantNames tenant_names_;
+  tb::TenantsConfig tenants_;
   // The classify deadline's budget and the drain rate, for the limiter's SloLimit.
   std::shared_ptr<SloInputs> slo_inputs_ = std::make_shared<SloInputs>();
   std::unique_ptr<ServerAdmission::Limiter> limiter_;  // null with --limit 0

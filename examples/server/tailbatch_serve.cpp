@@ -47,6 +47,7 @@
 #include <tailbatch/limit_algorithms.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/pipeline.hpp>
+#include <tailbatch/queue_policy.hpp>
 #include <tailbatch/reference/classifier.hpp>
 #include <tailbatch/reference/classifier_model.hpp>
 #include <tailbatch/reference/generator.hpp>
@@ -54,6 +55,7 @@
 #include <tailbatch/reference/text.hpp>
 #include <tailbatch/reference/tokenizer.hpp>
 #include <tailbatch/serving.hpp>
+#include <tailbatch/tenants.hpp>
 #include <tailbatch/warmup.hpp>
 
 #include "openai_protocol.hpp"
@@ -100,6 +102,7 @@
 #include <optional>
 #include <random>
 #include <span>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -399,7 +402,7 @@ int Server::run() {
   const auto bound = acceptor_.local_endpoint();
   loopback_bind_ = address.is_loopback();
   // Bound beyond this machine without a key: anyone who reaches the port may use it; say so.
-  const bool open = !loopback_bind_ && opt_.api_key.empty();
+  const bool open = !loopback_bind_ && opt_.api_key.empty() && tenant_keys_.empty();
   std::printf("listening on %s:%u%s\n", bound.address().to_string().c_str(),
               static_cast<unsigned>(bound.port()),
               open ? " (open: no --api-key; anyone who reaches this address may call /v1/*)" : "");
