@@ -90,6 +90,8 @@ struct Options {
   std::vector<tailbatch_load::TenantSpec> tenants;  // parsed from it
   std::string scheduling = "fifo";
   std::string queue_policy = "reject-newest";
+  std::size_t tenant_max_queued = 0;  // --tenant-max-queued: every tenant's quota; 0: none
+  double request_timeout_ms = 0;      // --request-timeout-ms: each request's deadline; 0: none
 };
 
 // The Pipeline's tenants configuration for --tenant-mix and --scheduling: tenant i of the
@@ -97,9 +99,10 @@ struct Options {
 tailbatch::TenantsConfig tenants_config(const Options& o) {
   tailbatch::TenantsConfig c;
   c.scheduling = *tailbatch::parse_scheduling(o.scheduling);
+  c.defaults.max_queued = o.tenant_max_queued;
   for (std::size_t i = 0; i < o.tenants.size(); ++i)
     c.tenants.emplace_back(static_cast<tailbatch::TenantId>(i + 1),
-                           tailbatch::TenantQuota{o.tenants[i].weight, 0, 0});
+                           tailbatch::TenantQuota{o.tenants[i].weight, o.tenant_max_queued, 0});
   return c;
 }
 
@@ -364,6 +367,7 @@ int run_simulated(const Options& o) {
     c.tenants = tenants_config(o);
     c.queue = queue_config(o);
     c.goodput_within = from_ms(o.slo_p95_ms);
+    c.request_timeout = from_ms(o.request_timeout_ms);
     if (!o.tenants.empty()) {
       c.tenant = [split = tailbatch_load::TenantSplit(o.tenants, o.seed)](std::uint64_t i) {
         return static_cast<tailbatch::TenantId>(split.tenant_of(i) + 1);
@@ -597,6 +601,7 @@ int run(const Options& o, PipelineT& pipeline, tailbatch::TraceRecorder* recorde
     const std::size_t t = o.tenants.empty() ? 0 : split.tenant_of(i);
     tailbatch::SubmitOptions so;
     so.tenant = o.tenants.empty() ? 0 : static_cast<tailbatch::TenantId>(t + 1);
+    so.timeout = from_ms(o.request_timeout_ms);
     pipeline.submit(Request{i}, so, [done, recorder, i, t, tal = tally](auto&& outcome) noexcept {
       const tailbatch::Status s = outcome.status();
       if (recorder != nullptr) recorder->completed(i, s, steady_clock::now());
@@ -814,6 +819,17 @@ int main(int argc, char** argv) {
                  "codel; in-process and --simulate")
       ->capture_default_str()
       ->check(CLI::IsMember({"reject-newest", "shed-oldest", "adaptive-lifo", "codel"}));
+  app.add_option("--tenant-max-queued", o.tenant_max_queued,
+                 "every tenant's quota of requests waiting in the queue (more: quota_exceeded, "
+                 "429); 0: none; in-process and --simulate")
+      ->capture_default_str()
+      ->check(count_check(0, 100000000));
+  app.add_option("--request-timeout-ms", o.request_timeout_ms,
+                 "each request's deadline, ms after its arrival (a client that gives up): not "
+                 "started by then, it completes deadline_exceeded; 0: none; in-process and "
+                 "--simulate")
+      ->capture_default_str()
+      ->check(non_negative);
   rate->excludes(sweep)->excludes(steps);
   sweep->excludes(steps);
   mix->excludes(rate)->excludes(sweep)->excludes(steps);
