@@ -267,11 +267,13 @@ TEST_CASE("CoDel in the Pipeline: a standing queue at 2x load is shed to keep th
 #include <atomic>
 #include <thread>
 
-TEST_CASE("Storm: every request's outcome exactly once under every policy, with tenants and cancellations",
-          "[queue_policy][storm]") {
+TEST_CASE(
+    "Storm: every request's outcome exactly once under every policy, with tenants and "
+    "cancellations",
+    "[queue_policy][storm]") {
   using ThreadedPipeline = Pipeline<int, int, FixedWindow, HostLanes>;
-  for (const QueuePolicy policy :
-       {QueuePolicy::reject_newest, QueuePolicy::shed_oldest, QueuePolicy::adaptive_lifo, QueuePolicy::codel}) {
+  for (const QueuePolicy policy : {QueuePolicy::reject_newest, QueuePolicy::shed_oldest,
+                                   QueuePolicy::adaptive_lifo, QueuePolicy::codel}) {
     INFO(to_string(policy));
     constexpr int threads = 4;
     constexpr int per_thread = 400;
@@ -326,6 +328,7 @@ TEST_CASE("Storm: every request's outcome exactly once under every policy, with 
       CHECK(s.count(Status::ok) == static_cast<std::uint64_t>(ok.load()));
     }
     for (auto& n : seen) REQUIRE(n.load() == 1);
-    if (policy == QueuePolicy::reject_newest || policy == QueuePolicy::adaptive_lifo) CHECK(shed.load() == 0);
+    if (policy == QueuePolicy::reject_newest || policy == QueuePolicy::adaptive_lifo)
+      CHECK(shed.load() == 0);
   }
 }
