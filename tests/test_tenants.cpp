@@ -1,6 +1,7 @@
 // Tenants: the vocabulary (Scheduling, TenantQuota, TenantsConfig, TenantNames), the
 // validation both front doors run, and fair scheduling and quotas in the Pipeline and the
 // ContinuousBatcher on the manual clock.
+#include <array>
 #include <string>
 #include <tailbatch/tenants.hpp>
 #include <thread>
@@ -305,4 +306,145 @@ TEST_CASE("Pipeline fair + shed-oldest: the heavy tenant's requests are shed, no
   CHECK(s.status[100][0] == Status::ok);
   CHECK(s.status[200][0] == Status::ok);
   for (const auto& [id, st] : s.status) CHECK(st.size() == 1);
+}
+
+// ---- Fair scheduling and quotas in the ContinuousBatcher ---------------------------------
+
+#include <tailbatch/continuous_batcher.hpp>
+
+namespace {
+
+using CBatcher = ContinuousBatcher<int, NoSequenceState, ManualClock>;
+
+ContinuousBatcherConfig cb_config(Scheduling scheduling) {
+  ContinuousBatcherConfig c;
+  c.max_active = 1;
+  c.tenants.scheduling = scheduling;
+  return c;
+}
+
+CBatcher::Request cb_request(std::size_t prompt, std::size_t max_new) {
+  CBatcher::Request r;
+  r.prompt.assign(prompt, 1);
+  r.max_new_tokens = max_new;
+  return r;
+}
+
+// Submits (tenant, prompt, max_new) and returns the tenants in the order they were first stepped.
+std::vector<TenantId> cb_order(Scheduling scheduling,
+                               const std::vector<std::array<std::size_t, 3>>& reqs,
+                               double output_cost = 2.0) {
+  ManualClock clock;
+  std::vector<TenantId> order;
+  std::vector<std::uint64_t> seen;
+  auto c = cb_config(scheduling);
+  c.output_token_cost = output_cost;
+  CBatcher b(
+      [&](std::span<CBatcher::Sequence> batch) {
+        for (auto& s : batch) {
+          if (std::find(seen.begin(), seen.end(), s.id()) == seen.end()) {
+            seen.push_back(s.id());
+            order.push_back(s.tenant());
+          }
+          if (s.emits()) s.emit(1);
+        }
+      },
+      c, clock);
+  std::vector<std::shared_ptr<CBatcher::Stream>> streams;
+  for (const auto& [t, prompt, out] : reqs) {
+    SubmitOptions o;
+    o.tenant = static_cast<TenantId>(t);
+    streams.push_back(b.submit(cb_request(prompt, out), o));
+  }
+  while (b.active_approx() + b.waiting_approx() > 0) (void)b.poll();
+  for (auto& s : streams) CHECK(s->end()->ok());
+  return order;
+}
+
+}  // namespace
+
+TEST_CASE("ContinuousBatcher fair scheduling: tenants alternate; FIFO serves the flood first",
+          "[tenants][continuous]") {
+  const std::vector<std::array<std::size_t, 3>> reqs{{1, 2, 2}, {1, 2, 2}, {1, 2, 2},
+                                                     {1, 2, 2}, {2, 2, 2}, {2, 2, 2}};
+  CHECK(cb_order(Scheduling::fifo, reqs) == std::vector<TenantId>{1, 1, 1, 1, 2, 2});
+  CHECK(cb_order(Scheduling::fair, reqs) == std::vector<TenantId>{1, 2, 1, 2, 1, 1});
+}
+
+TEST_CASE("ContinuousBatcher fair scheduling: cost is prompt + factor x output tokens",
+          "[tenants][continuous]") {
+  // Tenant 1's sequences cost 1 + 2 x 8 = 17; tenant 2's 16 + 2 x 1 = 18. With the
+  // factor 0, tenant 1's cost 1 against 16: tenant 1 is served many times per tenant 2.
+  const std::vector<std::array<std::size_t, 3>> reqs{{1, 1, 8},  {1, 1, 8},  {1, 1, 8}, {1, 1, 8},
+                                                     {2, 16, 1}, {2, 16, 1}, {2, 16, 1}};
+  CHECK(cb_order(Scheduling::fair, reqs) == std::vector<TenantId>{1, 2, 1, 2, 1, 2, 1});
+  CHECK(cb_order(Scheduling::fair, reqs, 0.0) == std::vector<TenantId>{1, 2, 1, 1, 1, 2, 2});
+}
+
+TEST_CASE("ContinuousBatcher quotas: max_queued and max_in_flight reject with quota_exceeded",
+          "[tenants][continuous]") {
+  ManualClock clock;
+  ContinuousBatcherConfig c = cb_config(Scheduling::fifo);
+  c.tenants.tenants.push_back({1, TenantQuota{1.0, 1, 0}});
+  c.tenants.tenants.push_back({2, TenantQuota{1.0, 0, 2}});
+  CBatcher b(
+      [](std::span<CBatcher::Sequence> batch) {
+        for (auto& s : batch)
+          if (s.emits()) s.emit(1);
+      },
+      c, clock);
+  SubmitOptions one, two;
+  one.tenant = 1;
+  two.tenant = 2;
+  auto a1 = b.submit(cb_request(1, 1), one);
+  auto a2 = b.submit(cb_request(1, 1), one);
+  auto b1 = b.submit(cb_request(1, 1), two);
+  auto b2 = b.submit(cb_request(1, 1), two);
+  auto b3 = b.submit(cb_request(1, 1), two);
+  REQUIRE(a2->end().has_value());
+  CHECK(a2->end()->reason == RejectReason::quota_exceeded);
+  REQUIRE(b3->end().has_value());
+  CHECK(b3->end()->reason == RejectReason::quota_exceeded);
+  while (b.active_approx() + b.waiting_approx() > 0) (void)b.poll();
+  CHECK(a1->end()->ok());
+  CHECK(b2->end()->ok());
+  auto a3 = b.submit(cb_request(1, 1), one);  // places free again
+  while (b.active_approx() + b.waiting_approx() > 0) (void)b.poll();
+  CHECK(a3->end()->ok());
+  CHECK(b.stats().count(RejectReason::quota_exceeded) == 2);
+}
+
+TEST_CASE("Per-tenant metrics: the busiest tenants get their own series, the rest `other`",
+          "[tenants][metrics]") {
+  ManualClock clock;
+  Served s;
+  MetricsRegistry registry;
+  PipelineConfig<Req> c = fair_config();
+  c.metrics = &registry;
+  c.tenants.metric_tenants = 2;
+  c.tenants.tenant_name = [](TenantId t) { return "t" + std::to_string(t); };
+  c.tenants.tenants.push_back({9, TenantQuota{1.0, 1, 0}});
+  TenantPipeline<> p(s.model(), FixedWindow{4, 1ms}, c, clock);
+  int id = 0;
+  for (int i = 0; i < 10; ++i) s.submit(p, 1, ++id);
+  for (int i = 0; i < 5; ++i) s.submit(p, 2, ++id);
+  (void)p.poll();
+  for (int i = 0; i < 3; ++i) s.submit(p, 3, ++id);  // a third tenant: `other`
+  s.submit(p, 9, ++id);
+  s.submit(p, 9, ++id);  // over its quota: rejected, counted under `other`
+  clock.advance(1ms);
+  (void)p.poll();
+  const std::string text = registry.prometheus();
+  CHECK(text.find("tailbatch_pipeline_tenant_requests_total{status=\"ok\",tenant=\"t1\"} 10") !=
+        std::string::npos);
+  CHECK(text.find("tailbatch_pipeline_tenant_requests_total{status=\"ok\",tenant=\"t2\"} 5") !=
+        std::string::npos);
+  CHECK(text.find("tailbatch_pipeline_tenant_requests_total{status=\"ok\",tenant=\"other\"} 4") !=
+        std::string::npos);
+  CHECK(text.find(
+            "tailbatch_pipeline_tenant_requests_total{status=\"rejected\",tenant=\"other\"} 1") !=
+        std::string::npos);
+  CHECK(text.find("tenant=\"t3\"") == std::string::npos);
+  CHECK(text.find("tailbatch_pipeline_tenant_latency_seconds_count{tenant=\"t1\"} 10") !=
+        std::string::npos);
 }
