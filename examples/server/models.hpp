@@ -217,6 +217,11 @@ Server::Server(const Options& o)
   // Tenants: the scheduling, the default quota, the keys file's tenants.
   tenants_.scheduling = *tb::parse_scheduling(o.scheduling);
   tenants_.defaults.max_in_flight = o.tenant_max_in_flight;
+  // The per-tenant series are labelled with the tenants' names ("" is the default tenant).
+  tenants_.tenant_name = [names = &tenant_names_](tb::TenantId id) {
+    std::string n = names->name(id);
+    return n.empty() ? std::string("default") : n;
+  };
   if (!o.api_keys_file.empty()) {
     std::vector<std::pair<std::string, tb::TenantId>> keys;
     load_api_keys(o, tenant_names_, tenants_, keys);

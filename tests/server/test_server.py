@@ -372,7 +372,7 @@ def main():
     keys.write("# KEY TENANT [WEIGHT [MAX_IN_FLIGHT]]\nk-alpha alpha 2\nk-beta beta 1 1\n")
     keys.close()
     t = Server("--api-keys", keys.name, "--api-key", "legacy", "--tenant-header", "--tenant-max-in-flight", "1",
-               "--max-batch", "1", "--model-delay-ms", "300", "--warmup-rounds", "1",
+               "--max-batch", "1", "--model-delay-ms", "300", "--decode-delay-ms", "100", "--warmup-rounds", "1",
                "--default-timeout-ms", "5000")
     t.wait_ready()
     os.unlink(keys.name)
@@ -408,6 +408,10 @@ def main():
     s1, (s2, _, _) = pair("/v1/classify", ({"text": "h3"}, dict(legacy, **{"X-Tenant": "h"})),
                           ({"text": "h4"}, dict(legacy, **{"X-Tenant": "other-h"})))
     check(s1 == 200 and s2 == 200, "--tenant-header: another X-Tenant -> 200 (%d, %d)" % (s1, s2))
+    comp = {"model": "tailbatch-reference-generator", "prompt": "hello", "max_tokens": 3, "user": "u1"}
+    s1, (s2, _, b2) = pair("/v1/completions", (comp, legacy), (comp, dict(legacy, **{"X-Tenant": "u-other"})))
+    check(s1 == 200 and s2 == 429 and error_of(b2)["code"] == "quota_exceeded",
+          "an OpenAI request's user field names its tenant before X-Tenant (%d, %d)" % (s1, s2))
     t.stop()
 
     # ---- D: SIGTERM with requests in flight ---------------------------------------------
