@@ -64,6 +64,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -93,6 +94,7 @@
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/outcome.hpp>
 #include <tailbatch/submit_options.hpp>
+#include <tailbatch/tenants.hpp>
 #include <tailbatch/token_streamer.hpp>
 
 namespace tailbatch {
@@ -134,6 +136,12 @@ struct ContinuousBatcherConfig {
   // registry must outlive the batcher.
   MetricsRegistry* metrics = nullptr;
   Labels metric_labels{};
+  // Tenants (tenants.hpp): fair scheduling of the waiting queue across tenants, and
+  // per-tenant quotas (max_queued: waiting sequences; max_in_flight: waiting + active).
+  TenantsConfig tenants{};
+  // Fair scheduling: a sequence costs its prompt tokens plus this many times its output
+  // tokens (generation is dearer per token than prefill). Finite and >= 0.
+  double output_token_cost = 2.0;
 };
 
 // What one ContinuousBatcher::poll() did (the counterpart of the Pipeline's PipelinePollResult).
@@ -465,6 +473,9 @@ class ContinuousBatcher {
     if (c.drain_timeout < std::chrono::nanoseconds::zero())
       detail::throw_invalid_argument("ContinuousBatcher: drain_timeout must be >= 0");
     if (c.workers.value_or(0) > 1) detail::throw_invalid_argument("ContinuousBatcher: workers must be 0 or 1");
+    detail::validate_tenants(c.tenants, "ContinuousBatcher");
+    if (!(std::isfinite(c.output_token_cost) && c.output_token_cost >= 0.0))
+      detail::throw_invalid_argument("ContinuousBatcher: output_token_cost must be finite and >= 0");
     // Surfaces bad default stream options now rather than at the first submit.
     c.stream.validate("ContinuousBatcher: stream.");
     return c;
@@ -831,7 +842,7 @@ class ContinuousBatcher {
     StreamMetrics streams{};
     bool enabled = false;
     Counter* by_status[5] = {};
-    Counter* rejected[5] = {};  // indexed by RejectReason
+    Counter* rejected[reject_reason_count] = {};  // indexed by RejectReason
     Counter* steps = nullptr;
     LatencyHistogram* step_seconds = nullptr;
     LatencyHistogram* queue_wait = nullptr;
@@ -868,7 +879,8 @@ class ContinuousBatcher {
           &r.counter("tailbatch_generation_sequences_total", "Sequences completed, by status",
                      with("status", to_string(s)));
     }
-    for (RejectReason why : {RejectReason::queue_full, RejectReason::shutting_down, RejectReason::too_large}) {
+    for (RejectReason why : {RejectReason::queue_full, RejectReason::shutting_down, RejectReason::too_large,
+                             RejectReason::quota_exceeded}) {
       metrics_.rejected[static_cast<std::size_t>(why)] =
           &r.counter("tailbatch_generation_rejected_total", "Sequences rejected, by reason",
                      with("reason", to_string(why)));
