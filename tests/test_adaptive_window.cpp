@@ -98,8 +98,8 @@ const LinearCost example1_cost{20ms, 3ms};
 
 // `count` arrivals `gap` apart (drive_arrivals), then Example 1's cost taught for every size
 // up to 64, `times` times, at the time they ended: a window under steady load with a model.
-void load_and_teach(const AdaptiveWindow& p, ManualClock& clock, std::size_t count, BatchDuration gap,
-                    int times = 4) {
+void load_and_teach(const AdaptiveWindow& p, ManualClock& clock, std::size_t count,
+                    BatchDuration gap, int times = 4) {
   drive_arrivals(p, clock, count, gap);
   teach(p, example1_cost, 64, times, clock.now());
 }

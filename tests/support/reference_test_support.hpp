@@ -34,9 +34,11 @@ inline TokenRequests random_token_requests(std::size_t count, std::uint32_t voca
 
 // Request i's prompt for the generator: 1 to `lengths` token ids below `vocab`, a fixed
 // function of i (so that a CPU run and a GPU run feed the same prompts).
-inline std::vector<std::int32_t> prompt_of(std::size_t i, std::size_t vocab, std::size_t lengths = 23) {
+inline std::vector<std::int32_t> prompt_of(std::size_t i, std::size_t vocab,
+                                           std::size_t lengths = 23) {
   std::vector<std::int32_t> p(1 + (i * 7) % lengths);
-  for (std::size_t k = 0; k < p.size(); ++k) p[k] = static_cast<std::int32_t>((i * 131 + k * 17 + 1) % vocab);
+  for (std::size_t k = 0; k < p.size(); ++k)
+    p[k] = static_cast<std::int32_t>((i * 131 + k * 17 + 1) % vocab);
   return p;
 }
 
