@@ -91,3 +91,218 @@ TEST_CASE("TenantNames is thread-safe: every thread sees one id per name", "[ten
   for (std::size_t t = 1; t < seen.size(); ++t) REQUIRE(seen[t] == seen[0]);
   REQUIRE(names.size() == 64);
 }
+
+// ---- Fair scheduling and quotas in the Pipeline, stepped by hand on the manual clock ----
+
+#include <algorithm>
+#include <map>
+#include <tailbatch/pipeline.hpp>
+
+using namespace tailbatch;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A request: its tenant and id (and, for the cost-reading policy, its cost).
+struct Req {
+  TenantId tenant = 0;
+  int id = 0;
+  std::size_t cost = 1;
+};
+
+template <class Policy = FixedWindow>
+using TenantPipeline = Pipeline<Req, int, Policy, HostLanes, AdmitAll, ManualClock>;
+
+struct Served {
+  std::vector<Req> order;
+  std::map<int, std::vector<Status>> status;
+  std::map<int, RejectReason> reason;
+  auto model() {
+    return [this](std::span<const Req> in, std::span<int> out, HostLane&) {
+      for (std::size_t i = 0; i < in.size(); ++i) {
+        order.push_back(in[i]);
+        out[i] = in[i].id;
+      }
+    };
+  }
+  template <class P>
+  void submit(P& p, TenantId t, int id, std::size_t cost = 1) {
+    SubmitOptions o;
+    o.tenant = t;
+    p.submit(Req{t, id, cost}, std::move(o), [this, id](Outcome<int> out) {
+      status[id].push_back(out.status());
+      reason[id] = out.reason();
+    });
+  }
+  [[nodiscard]] std::vector<TenantId> tenants() const {
+    std::vector<TenantId> out;
+    for (const Req& r : order) out.push_back(r.tenant);
+    return out;
+  }
+};
+
+PipelineConfig<Req> fair_config() {
+  PipelineConfig<Req> c;
+  c.tenants.scheduling = Scheduling::fair;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("Pipeline fair scheduling: tenants alternate where FIFO serves the first flood first",
+          "[tenants][pipeline]") {
+  for (const Scheduling scheduling : {Scheduling::fifo, Scheduling::fair}) {
+    ManualClock clock;
+    Served s;
+    auto c = fair_config();
+    c.tenants.scheduling = scheduling;
+    TenantPipeline<> p(s.model(), FixedWindow{1, 1ms}, c, clock);
+    for (int i = 0; i < 6; ++i) s.submit(p, 1, i);
+    for (int i = 0; i < 3; ++i) s.submit(p, 2, 100 + i);
+    (void)p.poll();
+    if (scheduling == Scheduling::fifo) {
+      CHECK(s.tenants() == std::vector<TenantId>{1, 1, 1, 1, 1, 1, 2, 2, 2});
+    } else {
+      CHECK(s.tenants() == std::vector<TenantId>{1, 2, 1, 2, 1, 2, 1, 1, 1});
+      // Within a tenant: arrival order.
+      std::vector<int> ones;
+      for (const Req& r : s.order) {
+        if (r.tenant == 1) ones.push_back(r.id);
+      }
+      CHECK(ones == std::vector<int>{0, 1, 2, 3, 4, 5});
+    }
+  }
+}
+
+TEST_CASE("Pipeline fair scheduling: weights share the server in proportion",
+          "[tenants][pipeline]") {
+  ManualClock clock;
+  Served s;
+  auto c = fair_config();
+  c.tenants.tenants.push_back({1, TenantQuota{2.0, 0, 0}});
+  TenantPipeline<> p(s.model(), FixedWindow{3, 1ms}, c, clock);
+  for (int i = 0; i < 30; ++i) s.submit(p, 1, i);
+  for (int i = 0; i < 30; ++i) s.submit(p, 2, 100 + i);
+  (void)p.poll(5);  // 15 requests
+  REQUIRE(s.order.size() == 15);
+  const std::vector<TenantId> order = s.tenants();
+  const auto a = std::count(order.begin(), order.end(), TenantId{1});
+  CHECK(a == 10);
+}
+
+TEST_CASE("Pipeline fair scheduling: an idle tenant banks no credit", "[tenants][pipeline]") {
+  ManualClock clock;
+  Served s;
+  TenantPipeline<> p(s.model(), FixedWindow{1, 1ms}, fair_config(), clock);
+  for (int i = 0; i < 20; ++i) s.submit(p, 1, i);
+  (void)p.poll(10);  // tenant 1 alone: served 10
+  for (int i = 0; i < 10; ++i) s.submit(p, 2, 100 + i);
+  (void)p.poll(10);
+  // Tenant 2 joins at tenant 1's counter, not at 0: they alternate rather than tenant 2
+  // taking the next 10.
+  const std::vector<TenantId> order = s.tenants();
+  const std::vector<TenantId> next(order.begin() + 10, order.end());
+  CHECK(next == std::vector<TenantId>{1, 2, 1, 2, 1, 2, 1, 2, 1, 2});
+}
+
+TEST_CASE("Pipeline fair scheduling: priority classes come before fairness",
+          "[tenants][pipeline]") {
+  ManualClock clock;
+  Served s;
+  TenantPipeline<> p(s.model(), FixedWindow{1, 1ms}, fair_config(), clock);
+  for (int i = 0; i < 3; ++i) s.submit(p, 1, i);
+  SubmitOptions high;
+  high.tenant = 1;
+  high.priority = Priority::high;
+  p.submit(Req{1, 50, 1}, high, [](Outcome<int>) {});
+  s.submit(p, 2, 100);
+  (void)p.poll();
+  REQUIRE(s.order.size() == 5);
+  CHECK(s.order[0].id == 50);
+  // The high-priority request counts towards tenant 1's share: tenant 2 is next.
+  CHECK(s.tenants() == std::vector<TenantId>{1, 2, 1, 1, 1});
+}
+
+TEST_CASE(
+    "Pipeline fair scheduling: backlogged tenants' served cost / weight differ by at most max cost "
+    "/ weight",
+    "[tenants][pipeline]") {
+  ManualClock clock;
+  Served s;
+  PipelineConfig<Req> c = fair_config();
+  c.request_cost = [](const Req& r) { return r.cost; };
+  c.tenants.tenants.push_back({2, TenantQuota{2.0, 0, 0}});
+  TenantPipeline<TokenBudget> p(
+      s.model(),
+      TokenBudget({.budget = 64, .max_batch = 4, .max_wait = 1ms, .bucket_bounds = {1000}}), c,
+      clock);
+  // Three tenants, always backlogged, with costs from 1 to 8.
+  int id = 0;
+  for (int i = 0; i < 200; ++i) {
+    for (TenantId t = 1; t <= 3; ++t)
+      s.submit(p, t, ++id, 1 + static_cast<std::size_t>((i * 7 + t * 3) % 8));
+  }
+  std::map<TenantId, double> weight{{1, 1.0}, {2, 2.0}, {3, 1.0}};
+  std::map<TenantId, double> served;
+  double worst = 0.0;
+  std::size_t seen = 0;
+  for (int b = 0; b < 60; ++b) {
+    (void)p.poll(1);
+    for (; seen < s.order.size(); ++seen) {
+      served[s.order[seen].tenant] +=
+          static_cast<double>(s.order[seen].cost) / weight[s.order[seen].tenant];
+    }
+    for (TenantId x = 1; x <= 3; ++x) {
+      for (TenantId y = 1; y <= 3; ++y) worst = std::max(worst, served[x] - served[y]);
+    }
+  }
+  REQUIRE(seen > 100);
+  const double bound = 8.0 / 1.0;  // the largest cost over the smallest weight
+  CHECK(worst <= bound);
+  CHECK(worst > 0.0);
+}
+
+TEST_CASE("Pipeline quotas: max_queued and max_in_flight reject with quota_exceeded",
+          "[tenants][pipeline]") {
+  ManualClock clock;
+  Served s;
+  PipelineConfig<Req> c;
+  c.tenants.tenants.push_back({1, TenantQuota{1.0, 2, 0}});
+  c.tenants.tenants.push_back({2, TenantQuota{1.0, 0, 3}});
+  TenantPipeline<> p(s.model(), FixedWindow{1, 1ms}, c, clock);
+  for (int i = 0; i < 3; ++i) s.submit(p, 1, i);
+  for (int i = 0; i < 4; ++i) s.submit(p, 2, 100 + i);
+  s.submit(p, 3, 200);  // the default tenant quota: no limit
+  REQUIRE(s.status[2].size() == 1);
+  CHECK(s.status[2][0] == Status::rejected);
+  CHECK(s.reason[2] == RejectReason::quota_exceeded);
+  CHECK(s.reason[103] == RejectReason::quota_exceeded);
+  CHECK(s.status.count(200) == 0);
+  (void)p.poll();
+  // Served and completed: the places are free again.
+  s.submit(p, 1, 10);
+  s.submit(p, 2, 110);
+  (void)p.poll();
+  CHECK(s.status[10][0] == Status::ok);
+  CHECK(s.status[110][0] == Status::ok);
+  CHECK(p.stats().count(RejectReason::quota_exceeded) == 2);
+  for (const auto& [id, st] : s.status) CHECK(st.size() == 1);
+}
+
+TEST_CASE("Pipeline fair + shed-oldest: the heavy tenant's requests are shed, not the light ones'",
+          "[tenants][pipeline]") {
+  ManualClock clock;
+  Served s;
+  PipelineConfig<Req> c = fair_config();
+  c.queue_capacity = 4;
+  c.queue.policy = QueuePolicy::shed_oldest;
+  TenantPipeline<> p(s.model(), FixedWindow{1, 1ms}, c, clock);
+  for (int i = 0; i < 6; ++i) s.submit(p, 1, i);
+  s.submit(p, 2, 100);
+  s.submit(p, 3, 200);
+  (void)p.poll();
+  for (int i = 0; i < 4; ++i) CHECK(s.reason[i] == RejectReason::shed);  // tenant 1's oldest
+  CHECK(s.status[100][0] == Status::ok);
+  CHECK(s.status[200][0] == Status::ok);
+  for (const auto& [id, st] : s.status) CHECK(st.size() == 1);
+}

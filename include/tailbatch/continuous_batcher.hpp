@@ -64,7 +64,6 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -474,7 +473,7 @@ class ContinuousBatcher {
       detail::throw_invalid_argument("ContinuousBatcher: drain_timeout must be >= 0");
     if (c.workers.value_or(0) > 1) detail::throw_invalid_argument("ContinuousBatcher: workers must be 0 or 1");
     detail::validate_tenants(c.tenants, "ContinuousBatcher");
-    if (!(std::isfinite(c.output_token_cost) && c.output_token_cost >= 0.0))
+    if (!(detail::is_finite(c.output_token_cost) && c.output_token_cost >= 0.0))
       detail::throw_invalid_argument("ContinuousBatcher: output_token_cost must be finite and >= 0");
     // Surfaces bad default stream options now rather than at the first submit.
     c.stream.validate("ContinuousBatcher: stream.");

@@ -19,13 +19,13 @@
 // docs/fairness.md has the order, the reasoning and the fairness bound.
 #pragma once
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/submit_options.hpp>
 #include <unordered_map>
@@ -106,7 +106,7 @@ namespace detail {
 // be finite and > 0") for a bad TenantsConfig. who: "Pipeline" or "ContinuousBatcher".
 [[gnu::cold]] inline void validate_tenants(const TenantsConfig& c, std::string_view who) {
   auto check = [&](const TenantQuota& q, const std::string& field) {
-    if (!(std::isfinite(q.weight) && q.weight > 0.0)) {
+    if (!(detail::is_finite(q.weight) && q.weight > 0.0)) {
       throw_invalid_argument(std::string(who) + ": " + field + ".weight must be finite and > 0");
     }
     if (q.max_in_flight != 0 && q.max_queued > q.max_in_flight) {

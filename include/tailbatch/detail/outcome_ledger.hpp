@@ -55,8 +55,8 @@ class OutcomeLedger {
   // Copies the counts into a stats value's arrays (indexed by Status and RejectReason).
   void fill(std::array<std::uint64_t, status_count>& by_status,
             std::array<std::uint64_t, reject_reason_count>& rejected_by_reason) const noexcept {
-    for (std::size_t i = 0; i < 5; ++i) {
-      by_status[i] = by_status_[i].load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < status_count; ++i) by_status[i] = by_status_[i].load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < reject_reason_count; ++i) {
       rejected_by_reason[i] = rejected_by_reason_[i].load(std::memory_order_relaxed);
     }
   }
