@@ -76,17 +76,12 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <thread>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/continuous/kv.hpp>
 #include <tailbatch/detail/continuous/waiting.hpp>
 #include <tailbatch/detail/math.hpp>
-#include <tailbatch/detail/request_intake.hpp>
 #include <tailbatch/detail/outcome_ledger.hpp>
+#include <tailbatch/detail/request_intake.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/detail/time.hpp>
 #include <tailbatch/kv_block_pool.hpp>
@@ -97,6 +92,10 @@
 #include <tailbatch/outcome.hpp>
 #include <tailbatch/submit_options.hpp>
 #include <tailbatch/token_streamer.hpp>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace tailbatch {
 
@@ -329,7 +328,9 @@ class ContinuousBatcher {
     // block_table()[t / block_size] at offset t % block_size, where t counts the prompt
     // and then the generated tokens. The table holds every position this step writes.
     // Empty with KvMode::off. Valid during this step only.
-    [[nodiscard]] std::span<const KvBlockId> block_table() const noexcept { return table_.blocks(); }
+    [[nodiscard]] std::span<const KvBlockId> block_table() const noexcept {
+      return table_.blocks();
+    }
     // Leading prefill input tokens whose KV was already in shared blocks when the sequence
     // was admitted (prefix reuse): prefill started at this position, and the engine reads
     // their KV from the blocks instead of computing it. 0 with KvMode::off.
@@ -440,7 +441,9 @@ class ContinuousBatcher {
 
  private:
   ContinuousBatcher(StepFn step, ContinuousBatcherConfig config, KvPool* pool, C clock)
-      : config_(validated(std::move(config), pool)), step_(std::move(step)), clock_(std::move(clock)) {
+      : config_(validated(std::move(config), pool)),
+        step_(std::move(step)),
+        clock_(std::move(clock)) {
     if (!step_) detail::throw_invalid_argument("ContinuousBatcher: step must be callable");
     if constexpr (!std::is_same_v<KvPool, detail::NoKvPool>) {
       if (config_.kv.mode != KvMode::off) {
@@ -598,13 +601,17 @@ class ContinuousBatcher {
           c.kv.total_blocks = pool->total_blocks();
           c.kv.prefix_caching = pool->prefix_caching();
         }
-        if (c.kv.block_size < 1) detail::throw_invalid_argument("ContinuousBatcher: kv.block_size must be >= 1");
-        if (c.kv.total_blocks < 1) detail::throw_invalid_argument("ContinuousBatcher: kv.total_blocks must be >= 1");
+        if (c.kv.block_size < 1)
+          detail::throw_invalid_argument("ContinuousBatcher: kv.block_size must be >= 1");
+        if (c.kv.total_blocks < 1)
+          detail::throw_invalid_argument("ContinuousBatcher: kv.total_blocks must be >= 1");
         if (c.kv.watermark_blocks >= c.kv.total_blocks)
-          detail::throw_invalid_argument("ContinuousBatcher: kv.watermark_blocks must be < kv.total_blocks");
+          detail::throw_invalid_argument(
+              "ContinuousBatcher: kv.watermark_blocks must be < kv.total_blocks");
       }
     } else if (pool != nullptr) {
-      detail::throw_invalid_argument("ContinuousBatcher: kv.mode must be grow or reserve with a KV pool");
+      detail::throw_invalid_argument(
+          "ContinuousBatcher: kv.mode must be grow or reserve with a KV pool");
     }
     if (c.max_active < 1) detail::throw_invalid_argument("ContinuousBatcher: max_active must be >= 1");
     if (c.token_budget < 1) detail::throw_invalid_argument("ContinuousBatcher: token_budget must be >= 1");
@@ -677,7 +684,8 @@ class ContinuousBatcher {
     Sequence seq;
     seq.prompt_ = std::move(request.prompt);
     seq.prompt_size_ = seq.prompt_.size();
-    seq.kv_ = pool_ != nullptr && config_.kv.mode == KvMode::grow;  // keeps its output for a recompute
+    seq.kv_ =
+        pool_ != nullptr && config_.kv.mode == KvMode::grow;  // keeps its output for a recompute
     seq.max_new_ = request.max_new_tokens;
     seq.state_ = std::move(request.state);
     seq.priority_ = options.priority;
@@ -723,14 +731,15 @@ class ContinuousBatcher {
   // fit in the whole pool; reserve: prompt + max_new_tokens must.
   std::string kv_refusal(const Request& r) const {
     if (r.prompt.empty())
-      return "ContinuousBatcher: a KV-cached sequence needs a prompt of at least one token (a start token)";
+      return "ContinuousBatcher: a KV-cached sequence needs a prompt of at least one token (a "
+             "start token)";
     const bool reserve = config_.kv.mode == KvMode::reserve;
     const std::size_t tokens = reserve ? r.prompt.size() + r.max_new_tokens : r.prompt.size();
     if (tokens >= r.prompt.size() && pool_->can_ever_fit(tokens)) return {};
     return std::string("ContinuousBatcher: ") +
            (reserve ? "prompt + max_new_tokens (" : "prompt (") + std::to_string(tokens) +
-           " tokens) exceeds the KV pool (" + std::to_string(pool_->total_blocks()) + " blocks of " +
-           std::to_string(pool_->block_size()) + " tokens)";
+           " tokens) exceeds the KV pool (" + std::to_string(pool_->total_blocks()) +
+           " blocks of " + std::to_string(pool_->block_size()) + " tokens)";
   }
 
   // Closes a stream (first close wins) and counts how it actually ended.
@@ -766,7 +775,9 @@ class ContinuousBatcher {
     for (;;) {
       {
         std::unique_lock lock(mutex_);
-        cv_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !active_.empty() || !preempted_.empty(); });
+        cv_.wait(lock, [&] {
+          return stopping_ || !waiting_.empty() || !active_.empty() || !preempted_.empty();
+        });
         if (stopping_ && waiting_.empty() && active_.empty() && preempted_.empty()) return;
       }
       // Only allocation failures escape turn() (step() exceptions are caught there); the
@@ -868,7 +879,9 @@ class ContinuousBatcher {
         }
         // No bypass: if the head does not fit, nothing behind it is admitted either, so a
         // large sequence is never starved by a stream of small ones.
-        if (pool_ == nullptr ? reserved + it->second.reserved_ > config_.token_budget : !kv_admit(it->second)) break;
+        if (pool_ == nullptr ? reserved + it->second.reserved_ > config_.token_budget
+                             : !kv_admit(it->second))
+          break;
         reserved += it->second.reserved_;
         it->second.admitted_at_ = now;
         active_.push_back(std::move(it->second));
@@ -987,8 +1000,10 @@ class ContinuousBatcher {
       KvAllocateOptions o;
       o.max_tokens = s.prompt_size_ + s.max_new_;
       o.reserve = config_.kv.mode == KvMode::reserve;
-      o.watermark_blocks = config_.kv.mode == KvMode::grow && !active_.empty() ? config_.kv.watermark_blocks : 0;
-      if (pool_->allocate(s.table_, std::span<const Token>(s.prompt_), o) != KvAllocStatus::ok) return false;
+      o.watermark_blocks =
+          config_.kv.mode == KvMode::grow && !active_.empty() ? config_.kv.watermark_blocks : 0;
+      if (pool_->allocate(s.table_, std::span<const Token>(s.prompt_), o) != KvAllocStatus::ok)
+        return false;
       s.cached_ = s.table_.cached_tokens();
       s.prefilled_ = s.cached_;
       s.admission_no_ = ++admissions_;
@@ -1005,14 +1020,15 @@ class ContinuousBatcher {
   // KV pool: ends the preempted sequences that were cancelled, closed by their consumer,
   // past their completion deadline, or (shutting down) past the drain deadline: they had
   // started, so they end as active ones do. Stepping thread only.
-  void retire_preempted(bool stopping, time_point drain_deadline, ContinuousBatcherPollResult& report) {
+  void retire_preempted(bool stopping, time_point drain_deadline,
+                        ContinuousBatcherPollResult& report) {
     std::vector<Sequence> gone;
     const time_point now = clock_.now();
     {
       std::lock_guard lock(mutex_);
       for (auto it = preempted_.begin(); it != preempted_.end();) {
-        if (it->stream_->closed() || it->stream_->cancel_requested() || now >= it->completion_deadline_ ||
-            (stopping && now >= drain_deadline)) {
+        if (it->stream_->closed() || it->stream_->cancel_requested() ||
+            now >= it->completion_deadline_ || (stopping && now >= drain_deadline)) {
           gone.push_back(std::move(*it));
           it = preempted_.erase(it);
         } else {
@@ -1027,8 +1043,10 @@ class ContinuousBatcher {
       } else if (seq.stream_->cancel_requested()) {
         finish_with(seq, Status::cancelled, "cancelled by the consumer", report);
       } else if (now >= seq.completion_deadline_) {
-        finish_with(seq, Status::deadline_exceeded,
-                    "completion_deadline passed after " + std::to_string(seq.generated_) + " tokens", report);
+        finish_with(
+            seq, Status::deadline_exceeded,
+            "completion_deadline passed after " + std::to_string(seq.generated_) + " tokens",
+            report);
       } else {
         finish_with(seq, Status::cancelled, "ContinuousBatcher: shutdown drain timeout", report);
       }
@@ -1037,7 +1055,8 @@ class ContinuousBatcher {
     std::lock_guard lock(mutex_);
     for (const auto& seq : gone) {
       ledger_.leave(as_batch_time(left), 1, 1, as_batch_time(seq.admitted_at_),
-                    std::chrono::duration_cast<BatchDuration>(std::max(left - seq.queued_at_, duration::zero())));
+                    std::chrono::duration_cast<BatchDuration>(
+                        std::max(left - seq.queued_at_, duration::zero())));
     }
     waiting_count_.store(waiting_.size() + preempted_.size(), std::memory_order_relaxed);
   }
@@ -1056,7 +1075,8 @@ class ContinuousBatcher {
       kv_order_.clear();
       for (auto& seq : active_) kv_order_.push_back(&seq);
       std::sort(kv_order_.begin(), kv_order_.end(), [](const Sequence* a, const Sequence* b) {
-        return detail::cbatch_preempt_before(importance(*b), b->admission_no_, importance(*a), a->admission_no_);
+        return detail::cbatch_preempt_before(importance(*b), b->admission_no_, importance(*a),
+                                             a->admission_no_);
       });
       bool preempted = false;
       bool ended = false;
@@ -1075,9 +1095,9 @@ class ContinuousBatcher {
           }
           if (st == KvAllocStatus::too_large || config_.kv.mode == KvMode::reserve || alone) {
             finish_with(*seq, Status::failed,
-                        "ContinuousBatcher: the KV pool cannot hold " + std::to_string(need) + " tokens of this sequence (" +
-                            std::to_string(pool_->total_blocks()) + " blocks of " + std::to_string(pool_->block_size()) +
-                            " tokens)",
+                        "ContinuousBatcher: the KV pool cannot hold " + std::to_string(need) +
+                            " tokens of this sequence (" + std::to_string(pool_->total_blocks()) +
+                            " blocks of " + std::to_string(pool_->block_size()) + " tokens)",
                         report);
             ended = true;
             break;
@@ -1105,7 +1125,8 @@ class ContinuousBatcher {
                 seq.prompt_.insert(seq.prompt_.end(), seq.output_.begin(), seq.output_.end());
               },
               [](const char*) {})) {
-        finish_with(seq, Status::failed, "ContinuousBatcher: out of memory preparing a recompute", report);
+        finish_with(seq, Status::failed, "ContinuousBatcher: out of memory preparing a recompute",
+                    report);
         return;
       }
       seq.prefilled_ = 0;
@@ -1126,9 +1147,10 @@ class ContinuousBatcher {
       if (!seq.preempted_ || seq.retired_) continue;
       seq.preempted_ = false;
       released += seq.reserved_;
-      const auto at = std::upper_bound(preempted_.begin(), preempted_.end(), seq, [](const Sequence& a, const Sequence& b) {
-        return importance(a) != importance(b) ? importance(a) > importance(b) : a.id_ < b.id_;
-      });
+      const auto at = std::upper_bound(
+          preempted_.begin(), preempted_.end(), seq, [](const Sequence& a, const Sequence& b) {
+            return importance(a) != importance(b) ? importance(a) > importance(b) : a.id_ < b.id_;
+          });
       preempted_.insert(at, std::move(seq));
       seq.retired_ = true;  // the moved-from husk: compact() erases it
       seq.preempted_ = true;
@@ -1259,10 +1281,12 @@ class ContinuousBatcher {
                                                "Token budget reserved by the active set", base,
                                                [this] { return static_cast<double>(reserved_tokens_approx()); });
     if (config_.kv.mode != KvMode::off) {
-      metrics_.preemptions = &r.counter("tailbatch_generation_preemptions_total",
-                                        "Sequences preempted for KV memory (their KV is recomputed later)", base);
-      metrics_.recomputed = &r.counter("tailbatch_generation_recomputed_tokens_total",
-                                       "Tokens whose KV was computed again after a preemption", base);
+      metrics_.preemptions =
+          &r.counter("tailbatch_generation_preemptions_total",
+                     "Sequences preempted for KV memory (their KV is recomputed later)", base);
+      metrics_.recomputed =
+          &r.counter("tailbatch_generation_recomputed_tokens_total",
+                     "Tokens whose KV was computed again after a preemption", base);
     }
     metrics_.enabled = true;
   }

@@ -32,12 +32,11 @@
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <vector>
-
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/kv_block_pool.hpp>
 #include <tailbatch/reference/classifier.hpp>
 #include <tailbatch/reference/detail/generator_cpu.hpp>
+#include <vector>
 
 namespace tailbatch::reference {
 
@@ -80,9 +79,12 @@ class GeneratorKvStore {
   // Throws std::invalid_argument unless every size is >= 1; std::bad_alloc.
   GeneratorKvStore(std::size_t total_blocks, std::size_t block_size, std::size_t hidden_dim)
       : blocks_(total_blocks), block_size_(block_size), hidden_(hidden_dim) {
-    if (total_blocks < 1) tailbatch::detail::throw_invalid_argument("GeneratorKvStore: total_blocks must be >= 1");
-    if (block_size < 1) tailbatch::detail::throw_invalid_argument("GeneratorKvStore: block_size must be >= 1");
-    if (hidden_dim < 1) tailbatch::detail::throw_invalid_argument("GeneratorKvStore: hidden_dim must be >= 1");
+    if (total_blocks < 1)
+      tailbatch::detail::throw_invalid_argument("GeneratorKvStore: total_blocks must be >= 1");
+    if (block_size < 1)
+      tailbatch::detail::throw_invalid_argument("GeneratorKvStore: block_size must be >= 1");
+    if (hidden_dim < 1)
+      tailbatch::detail::throw_invalid_argument("GeneratorKvStore: hidden_dim must be >= 1");
     data_.assign(total_blocks * block_size * hidden_dim, 0.0f);
   }
 
@@ -95,9 +97,10 @@ class GeneratorKvStore {
   [[nodiscard]] float* slot(std::span<const KvBlockId> table, std::size_t position) {
     const std::size_t i = position / block_size_;
     if (i >= table.size())
-      tailbatch::detail::throw_invalid_argument("GeneratorKvStore: position " + std::to_string(position) +
-                                                " is past the block table");
-    if (table[i] >= blocks_) tailbatch::detail::throw_invalid_argument("GeneratorKvStore: block id outside the store");
+      tailbatch::detail::throw_invalid_argument(
+          "GeneratorKvStore: position " + std::to_string(position) + " is past the block table");
+    if (table[i] >= blocks_)
+      tailbatch::detail::throw_invalid_argument("GeneratorKvStore: block id outside the store");
     return data_.data() + (std::size_t{table[i]} * block_size_ + position % block_size_) * hidden_;
   }
 
@@ -270,10 +273,12 @@ class Generator {
       if (!lane.state) tailbatch::detail::throw_invalid_argument("Generator::step: lane without a state");
       if (lane.kv != nullptr) {
         if (lane.kv->hidden_dim() != H)
-          tailbatch::detail::throw_invalid_argument("Generator::step: the KV store's hidden_dim differs");
+          tailbatch::detail::throw_invalid_argument(
+              "Generator::step: the KV store's hidden_dim differs");
         // Checked before anything changes: every slot this lane reads or writes exists.
         if (lane.restore && lane.position > 0) (void)lane.kv->slot(lane.blocks, lane.position - 1);
-        if (!lane.feed.empty()) (void)lane.kv->slot(lane.blocks, lane.position + lane.feed.size() - 1);
+        if (!lane.feed.empty())
+          (void)lane.kv->slot(lane.blocks, lane.position + lane.feed.size() - 1);
       }
       if (lane.state->hidden.size() != H) lane.state->hidden.assign(H, 0.0f);
       for (std::int32_t t : lane.feed) check_token(t);
@@ -320,7 +325,8 @@ class Generator {
       for (std::size_t j = 0; j < lane.feed.size(); ++j, ++row) {
         detail::gen_blend(lane.state->hidden.data(), weights_->decay.data(), weights_->keep.data(),
                           ws.u_.data() + row * H, H);
-        if (lane.kv != nullptr) std::copy_n(lane.state->hidden.data(), H, lane.kv->slot(lane.blocks, lane.position + j));
+        if (lane.kv != nullptr)
+          std::copy_n(lane.state->hidden.data(), H, lane.kv->slot(lane.blocks, lane.position + j));
       }
     }
 
@@ -392,7 +398,8 @@ class Generator {
   template <class Sequence>
   void step_sequences(std::span<Sequence> batch, GeneratorKvStore& kv) {
     step_sequences_through_lanes(
-        batch, lanes_, config_.eos_token, [this](std::span<GeneratorLane> lanes) { step(lanes); }, &kv);
+        batch, lanes_, config_.eos_token, [this](std::span<GeneratorLane> lanes) { step(lanes); },
+        &kv);
   }
 
   // Generates max_new_tokens after prompt for one sequence, alone, one step per token.
