@@ -19,6 +19,16 @@
 // a running sequence never has to be preempted for lack of room. A sequence whose
 // reservation exceeds the whole budget is rejected at once (RejectReason::too_large).
 //
+// KV cache. With ContinuousBatcherConfig::kv (docs/kv-cache.md) the batcher schedules by a
+// KvBlockPool instead: admission by the prompt's blocks (grow, with a watermark) or by
+// prompt + max_new_tokens booked (reserve); before each step every decoding sequence gets
+// the block its next token needs, and in grow mode, when the pool is dry, the least
+// important running sequence (lowest priority, then newest admitted) is preempted: its
+// blocks freed, it returns to the front of the queue and later recomputes its prompt and
+// output (prefill_input()), its stream unaffected. Full prompt blocks are shared between
+// requests with the same prefix. The step sees each sequence's block_table() and
+// cached_tokens() (prefill starts there).
+//
 // Chunked prefill. With max_step_tokens and/or prefill_chunk set, a step processes at most
 // that many prompt + decode tokens (decoding sequences first, one token each) and at most
 // prefill_chunk prompt tokens per sequence, so that a long prompt is spread over several
