@@ -131,6 +131,8 @@ void Server::completions(const std::shared_ptr<Connection>& c,
   };
   c->work_started();
   c->set_generate(job, nullptr);
+  // An empty prompt is the start token (the same computation), which the KV cache can hold.
+  if (r.prompt.empty()) r.prompt.push_back(ref::TextVocabulary::period);
   auto stream = batcher_->submit(std::move(r), so, std::move(cb));
   c->set_generate(job, std::move(stream));
 }
