@@ -1,6 +1,7 @@
 // Tenants: the vocabulary (Scheduling, TenantQuota, TenantsConfig, TenantNames), the
 // validation both front doors run, and fair scheduling and quotas in the Pipeline and the
 // ContinuousBatcher on the manual clock.
+#include <array>
 #include <string>
 #include <tailbatch/tenants.hpp>
 #include <thread>
@@ -305,4 +306,110 @@ TEST_CASE("Pipeline fair + shed-oldest: the heavy tenant's requests are shed, no
   CHECK(s.status[100][0] == Status::ok);
   CHECK(s.status[200][0] == Status::ok);
   for (const auto& [id, st] : s.status) CHECK(st.size() == 1);
+}
+
+// ---- Fair scheduling and quotas in the ContinuousBatcher ---------------------------------
+
+#include <tailbatch/continuous_batcher.hpp>
+
+namespace {
+
+using CBatcher = ContinuousBatcher<int, NoSequenceState, ManualClock>;
+
+ContinuousBatcherConfig cb_config(Scheduling scheduling) {
+  ContinuousBatcherConfig c;
+  c.max_active = 1;
+  c.tenants.scheduling = scheduling;
+  return c;
+}
+
+CBatcher::Request cb_request(std::size_t prompt, std::size_t max_new) {
+  CBatcher::Request r;
+  r.prompt.assign(prompt, 1);
+  r.max_new_tokens = max_new;
+  return r;
+}
+
+// Submits (tenant, prompt, max_new) and returns the tenants in the order they were first stepped.
+std::vector<TenantId> cb_order(Scheduling scheduling,
+                               const std::vector<std::array<std::size_t, 3>>& reqs,
+                               double output_cost = 2.0) {
+  ManualClock clock;
+  std::vector<TenantId> order;
+  std::vector<std::uint64_t> seen;
+  auto c = cb_config(scheduling);
+  c.output_token_cost = output_cost;
+  CBatcher b(
+      [&](std::span<CBatcher::Sequence> batch) {
+        for (auto& s : batch) {
+          if (std::find(seen.begin(), seen.end(), s.id()) == seen.end()) {
+            seen.push_back(s.id());
+            order.push_back(s.tenant());
+          }
+          if (s.emits()) s.emit(1);
+        }
+      },
+      c, clock);
+  std::vector<std::shared_ptr<CBatcher::Stream>> streams;
+  for (const auto& [t, prompt, out] : reqs) {
+    SubmitOptions o;
+    o.tenant = static_cast<TenantId>(t);
+    streams.push_back(b.submit(cb_request(prompt, out), o));
+  }
+  while (b.active_approx() + b.waiting_approx() > 0) (void)b.poll();
+  for (auto& s : streams) CHECK(s->end()->ok());
+  return order;
+}
+
+}  // namespace
+
+TEST_CASE("ContinuousBatcher fair scheduling: tenants alternate; FIFO serves the flood first",
+          "[tenants][continuous]") {
+  const std::vector<std::array<std::size_t, 3>> reqs{{1, 2, 2}, {1, 2, 2}, {1, 2, 2},
+                                                     {1, 2, 2}, {2, 2, 2}, {2, 2, 2}};
+  CHECK(cb_order(Scheduling::fifo, reqs) == std::vector<TenantId>{1, 1, 1, 1, 2, 2});
+  CHECK(cb_order(Scheduling::fair, reqs) == std::vector<TenantId>{1, 2, 1, 2, 1, 1});
+}
+
+TEST_CASE("ContinuousBatcher fair scheduling: cost is prompt + factor x output tokens",
+          "[tenants][continuous]") {
+  // Tenant 1's sequences cost 1 + 2 x 8 = 17; tenant 2's 16 + 2 x 1 = 18. With the
+  // factor 0, tenant 1's cost 1 against 16: tenant 1 is served many times per tenant 2.
+  const std::vector<std::array<std::size_t, 3>> reqs{{1, 1, 8},  {1, 1, 8},  {1, 1, 8}, {1, 1, 8},
+                                                     {2, 16, 1}, {2, 16, 1}, {2, 16, 1}};
+  CHECK(cb_order(Scheduling::fair, reqs) == std::vector<TenantId>{1, 2, 1, 2, 1, 2, 1});
+  CHECK(cb_order(Scheduling::fair, reqs, 0.0) == std::vector<TenantId>{1, 2, 1, 1, 1, 2, 2});
+}
+
+TEST_CASE("ContinuousBatcher quotas: max_queued and max_in_flight reject with quota_exceeded",
+          "[tenants][continuous]") {
+  ManualClock clock;
+  ContinuousBatcherConfig c = cb_config(Scheduling::fifo);
+  c.tenants.tenants.push_back({1, TenantQuota{1.0, 1, 0}});
+  c.tenants.tenants.push_back({2, TenantQuota{1.0, 0, 2}});
+  CBatcher b(
+      [](std::span<CBatcher::Sequence> batch) {
+        for (auto& s : batch)
+          if (s.emits()) s.emit(1);
+      },
+      c, clock);
+  SubmitOptions one, two;
+  one.tenant = 1;
+  two.tenant = 2;
+  auto a1 = b.submit(cb_request(1, 1), one);
+  auto a2 = b.submit(cb_request(1, 1), one);
+  auto b1 = b.submit(cb_request(1, 1), two);
+  auto b2 = b.submit(cb_request(1, 1), two);
+  auto b3 = b.submit(cb_request(1, 1), two);
+  REQUIRE(a2->end().has_value());
+  CHECK(a2->end()->reason == RejectReason::quota_exceeded);
+  REQUIRE(b3->end().has_value());
+  CHECK(b3->end()->reason == RejectReason::quota_exceeded);
+  while (b.active_approx() + b.waiting_approx() > 0) (void)b.poll();
+  CHECK(a1->end()->ok());
+  CHECK(b2->end()->ok());
+  auto a3 = b.submit(cb_request(1, 1), one);  // places free again
+  while (b.active_approx() + b.waiting_approx() > 0) (void)b.poll();
+  CHECK(a3->end()->ok());
+  CHECK(b.stats().count(RejectReason::quota_exceeded) == 2);
 }
