@@ -337,11 +337,11 @@ int main(int argc, char** argv) {
     const double faster = on.ttft_p50_ms > 0 ? off.ttft_p50_ms / on.ttft_p50_ms : 0;
     const bool met = fewer >= 0.8 && faster >= 2.0;
     ok = ok && met;
-    if (!o.json)
-      std::printf(
-          "goal reuse: >= 80 %% fewer prefill tokens (%.1f %%) and >= 2x lower TTFT p50 (%.2fx): "
-          "%s\n",
-          fewer * 100, faster, met ? "met" : "MISSED");
+    std::fprintf(
+        o.json ? stderr : stdout,
+        "goal reuse: >= 80 %% fewer prefill tokens (%.1f %%) and >= 2x lower TTFT p50 (%.2fx): "
+        "%s\n",
+        fewer * 100, faster, met ? "met" : "MISSED");
   }
   return ok ? 0 : 1;
 }
