@@ -36,3 +36,10 @@ set_tests_properties(tailbatch_serve_autoscale PROPERTIES LABELS server TIMEOUT 
 add_test(NAME minimal_server
          COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/server/test_minimal_server.py $<TARGET_FILE:minimal_server>)
 set_tests_properties(minimal_server PROPERTIES LABELS server TIMEOUT 30)
+
+# tailbatch-serve's generation on a KV cache (label `server`): tests/server/test_kv_serve.py
+# checks --kv-mode grow (preempting) and reserve give the texts of a server without one,
+# prefix reuse, and 413 for a prompt larger than the cache.
+add_test(NAME tailbatch_serve_kv
+         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/server/test_kv_serve.py $<TARGET_FILE:tailbatch-serve>)
+set_tests_properties(tailbatch_serve_kv PROPERTIES LABELS server TIMEOUT 60)
