@@ -57,10 +57,10 @@ Outcome run(ref::Generator& gen, tb::ContinuousKvConfig kv,
     r.max_new_tokens = 64;
     r.state = gen.new_state(i);
     streams.push_back(batcher.submit(std::move(r)));
-    out.steps += batcher.poll().stepped ? 1 : 0;
+    out.steps += batcher.poll().stepped ? 1u : 0u;
   }
   while (batcher.active_approx() + batcher.waiting_approx() > 0)
-    out.steps += batcher.poll().stepped ? 1 : 0;
+    out.steps += batcher.poll().stepped ? 1u : 0u;
   out.stats = batcher.stats();
   for (auto& s : streams) {
     out.outputs.emplace_back();

@@ -17,3 +17,9 @@ tailbatch_server_test(NAME tailbatch_serve_autoscale SCRIPT test_autoscale.py AR
 # examples/minimal_server.cpp, the smallest server to copy from (label `server`).
 tailbatch_server_test(NAME minimal_server SCRIPT test_minimal_server.py ARGS $<TARGET_FILE:minimal_server>
                       LABELS server TIMEOUT 30)
+
+# tailbatch-serve's generation on a KV cache (label `server`): tests/server/test_kv_serve.py
+# checks --kv-mode grow (preempting) and reserve give the texts of a server without one,
+# prefix reuse, and 413 for a prompt larger than the cache.
+tailbatch_server_test(NAME tailbatch_serve_kv SCRIPT test_kv_serve.py ARGS $<TARGET_FILE:tailbatch-serve>
+                      LABELS server TIMEOUT 60)

@@ -443,6 +443,8 @@ TEST_CASE("storm: preemptions and cancellations, every stream gap-free and ended
     cfg.kv.watermark_blocks = 1;
     SBatcher b(
         [](std::span<SSeq> batch) {
+          // A slow step: the submitters keep the queue full, so grow mode must preempt.
+          std::this_thread::sleep_for(20us);
           for (auto& s : batch)
             if (s.emits()) s.emit(static_cast<int>(s.generated()));
         },
@@ -480,6 +482,7 @@ TEST_CASE("storm: preemptions and cancellations, every stream gap-free and ended
     CHECK(st.kv.used_blocks == 0);
     CHECK(st.kv.reserved_blocks == 0);
     if (mode == KvMode::reserve) CHECK(st.preemptions == 0);
+    if (mode == KvMode::grow) CHECK(st.preemptions > 0);
     std::lock_guard lock(m);
     for (const auto& [key, toks] : got) {
       for (std::size_t k = 0; k < toks.size(); ++k) {

@@ -5,7 +5,8 @@
 # --json: exactly one JSON object per reported run on stdout, one per line:
 #   {"scenario": "grow_vs_reserve", "mode", "tokens_per_s", "ttft_p95_ms", "preemptions"}
 #   {"scenario": "shared_prefix", "reuse": true|false, "prefill_tokens", "ttft_p50_ms"}
-# Without it: every probe and the goals, readable. Exit status 1 when a goal is missed.
+# and every probe and the goals on stderr; without it, all of that on stdout. Exit status 1
+# when a goal is missed.
 set -eu
 args=""
 build=build/kv-bench
