@@ -86,7 +86,7 @@ struct CompletionRequest {
   float temperature = 1.0f;  // OpenAI's default
   float top_p = 1.0f;
   std::optional<std::int64_t> seed;
-  std::string user;  // kept (logged with the request id); not scheduled on yet
+  std::string user;  // logged with the request id; names the tenant (docs/serving.md)
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;           // completions: rejected (see decode)

@@ -71,6 +71,7 @@ void Server::completions(const std::shared_ptr<Connection>& c,
   tb::SubmitOptions so;
   so.deadline = *deadline;
   so.arrival = c->context().arrival;
+  so.tenant = tenant_of(c, req, decoded->user);
   tb::StreamCallbacks<std::int32_t> cb;
   cb.on_tokens = [job, ttft = ttft_,
                   arrival = c->context().arrival](std::span<const std::int32_t> t) {
@@ -192,6 +193,7 @@ void Server::embeddings(const std::shared_ptr<Connection>& c,
   so.deadline = *deadline;
   so.arrival = c->context().arrival;
   so.cancel = job->cancel.get_token();
+  so.tenant = tenant_of(c, req, decoded->user);
   // Each input is one request; the last outcome in answers the whole.
   auto deliver = [](const std::shared_ptr<EmbedJob>& job, std::size_t i,
                     tb::Outcome<std::vector<float>>&& o) {

@@ -10,12 +10,14 @@ Every server it starts is killed when the test ends, however it ends. Exits 0 on
 1 on the first failed check (printing what was expected and what came back).
 """
 import json
+import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -254,6 +256,10 @@ def main():
           and "queue_depth" in c and "in_flight" in c and c["mean_batch"] > 0 and "tokens_per_s" in st["generate"]
           and "overloaded" in c["rejections"] and c["requests"]["failed"] >= 1,
           "/v1/stats: rolling p50/p95/p99, queue depth, in-flight, batch sizes, tokens/s, rejections")
+    check(c["limit"] == "slo" and 0 < c["default_deadline_ms"] < 100 and c["limit_current"] >= 16
+          and "quota_exceeded" in c["rejections"],
+          "without --limit and --default-timeout-ms classify admission comes from the SLO (deadline %.1f ms, limit %d)"
+          % (c["default_deadline_ms"], c["limit_current"]))
 
     # ---- B: a tiny queue -> queue_full; a disconnect while the model runs ---------------
     bsrv = harness.Server(SERVE, "--max-batch", "1", "--queue-capacity", "1", "--model-delay-ms", "400", "--warmup-rounds", "1")
@@ -292,10 +298,56 @@ def main():
           "the limiter refuses (--limit 0) -> 503 overloaded with Retry-After")
     csrv.stop()
 
+    # ---- C2: tenants: the keys file, the user field, X-Tenant; quotas -> 429 ----------------
+    # Batches of one that take 300 ms, one request in flight per tenant (quota_exceeded).
+    keys = tempfile.NamedTemporaryFile(mode="w", suffix=".keys", delete=False)
+    keys.write("# KEY TENANT [WEIGHT [MAX_IN_FLIGHT]]\nk-alpha alpha 2\nk-beta beta 1 1\n")
+    keys.close()
+    t = harness.Server(SERVE, "--api-keys", keys.name, "--api-key", "legacy", "--tenant-header",
+                       "--tenant-max-in-flight", "1", "--max-batch", "1", "--model-delay-ms", "300",
+                       "--warmup-rounds", "1", "--default-timeout-ms", "5000")
+    os.unlink(keys.name)
+    s, _, _ = post_json(t, "/v1/classify", {"text": "x"})
+    check(s == 401, "with --api-keys a request without a key -> 401")
+    s, _, _ = post_json(t, "/v1/classify", {"text": "x"}, {"Authorization": "Bearer legacy"})
+    check(s == 200, "--api-key's key still works beside --api-keys")
+
+    def pair(path, first, second):
+        """Two requests, the second 100 ms after the first: their statuses and the second's answer."""
+        out = [None, None]
+
+        def go(i, obj, hdr):
+            out[i] = post_json(t, path, obj, hdr)
+        a1 = threading.Thread(target=go, args=(0,) + first)
+        a1.start()
+        time.sleep(0.1)
+        go(1, *second)
+        a1.join(left())
+        return out[0][0], out[1]
+
+    beta = {"Authorization": "Bearer k-beta"}
+    s1, (s2, h2, b2) = pair("/v1/classify", ({"text": "b1"}, beta), ({"text": "b2"}, beta))
+    check(s1 == 200 and s2 == 429 and error_of(b2)["reason"] == "quota_exceeded"
+          and error_of(b2)["type"] == "rate_limit_error" and h2.get("retry-after", "").isdigit(),
+          "a tenant past its quota (key k-beta, 1 in flight) -> 429 quota_exceeded with Retry-After (%d, %d)" % (s1, s2))
+    s1, (s2, _, _) = pair("/v1/classify", ({"text": "a1"}, beta), ({"text": "a2"}, {"Authorization": "Bearer k-alpha"}))
+    check(s1 == 200 and s2 == 200, "another key's tenant is not held to beta's quota (%d, %d)" % (s1, s2))
+    legacy = {"Authorization": "Bearer legacy"}
+    s1, (s2, _, _) = pair("/v1/classify", ({"text": "h1"}, dict(legacy, **{"X-Tenant": "h"})),
+                          ({"text": "h2"}, dict(legacy, **{"X-Tenant": "h"})))
+    check(s1 == 200 and s2 == 429, "--tenant-header: the same X-Tenant twice at once -> 429 (%d, %d)" % (s1, s2))
+    s1, (s2, _, _) = pair("/v1/classify", ({"text": "h3"}, dict(legacy, **{"X-Tenant": "h"})),
+                          ({"text": "h4"}, dict(legacy, **{"X-Tenant": "other-h"})))
+    check(s1 == 200 and s2 == 200, "--tenant-header: another X-Tenant -> 200 (%d, %d)" % (s1, s2))
+    t.stop()
+
     # ---- D: SIGTERM with requests in flight ---------------------------------------------
     # Batches of 4 take 300 ms; the drain gives queued work 250 ms: the batch in the model
     # at SIGTERM completes, what is still queued then is answered 503 shutting_down.
-    d = harness.Server(SERVE, "--max-batch", "4", "--model-delay-ms", "300", "--warmup-rounds", "1", "--drain-timeout-ms", "250")
+    # --default-timeout-ms 2000: the deadline from the SLO (600 ms with these batches) would
+    # end the queued requests before the drain does.
+    d = harness.Server(SERVE, "--max-batch", "4", "--model-delay-ms", "300", "--warmup-rounds", "1",
+                       "--drain-timeout-ms", "250", "--default-timeout-ms", "2000")
     idle = socket.create_connection(("127.0.0.1", d.port), timeout=5)
     idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     check(read_response(idle)[0] == 200, "a keep-alive connection is open before SIGTERM")
