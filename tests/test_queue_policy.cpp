@@ -261,3 +261,74 @@ TEST_CASE("CoDel in the Pipeline: a standing queue at 2x load is shed to keep th
   CHECK(codel.retry[first_shed] > 0ns);
   CHECK(fifo.served().size() == 800);  // shutdown drains what is left
 }
+
+// ---- Exactly once under threads: every policy, tenants, quotas, cancellations ----------
+
+#include <atomic>
+#include <thread>
+
+TEST_CASE(
+    "Storm: every request's outcome exactly once under every policy, with tenants and "
+    "cancellations",
+    "[queue_policy][storm]") {
+  using ThreadedPipeline = Pipeline<int, int, FixedWindow, HostLanes>;
+  for (const QueuePolicy policy : {QueuePolicy::reject_newest, QueuePolicy::shed_oldest,
+                                   QueuePolicy::adaptive_lifo, QueuePolicy::codel}) {
+    INFO(to_string(policy));
+    constexpr int threads = 4;
+    constexpr int per_thread = 400;
+    std::vector<std::atomic<int>> seen(threads * per_thread);
+    std::atomic<int> shed{0}, ok{0};
+    {
+      PipelineConfig<int> c;
+      c.queue_capacity = 32;
+      c.workers = 2;
+      c.queue.policy = policy;
+      c.queue.codel_target = 50us;
+      c.queue.codel_interval = 500us;
+      c.tenants.scheduling = Scheduling::fair;
+      c.tenants.tenants.push_back({1, TenantQuota{2.0, 16, 24}});
+      c.tenants.defaults.max_in_flight = 64;
+      ThreadedPipeline p(
+          [](std::span<const int> in, std::span<int> out, HostLane&) {
+            for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i];
+            std::this_thread::sleep_for(20us);
+          },
+          FixedWindow{8, 100us}, c);
+      std::vector<std::thread> ts;
+      for (int t = 0; t < threads; ++t) {
+        ts.emplace_back([&, t] {
+          std::vector<CancellationSource> sources(per_thread);
+          for (int i = 0; i < per_thread; ++i) {
+            const int id = t * per_thread + i;
+            SubmitOptions o;
+            o.tenant = static_cast<TenantId>(id % 3);
+            o.priority = static_cast<Priority>(id % 3);
+            if (id % 7 == 0) o.timeout = 200us;
+            if (id % 5 == 0) o.cancel = sources[static_cast<std::size_t>(i)].get_token();
+            p.submit(id, std::move(o), [&, id](Outcome<int> out) {
+              seen[static_cast<std::size_t>(id)].fetch_add(1);
+              if (out.ok()) {
+                ok.fetch_add(1);
+                CHECK(out.value() == id);
+              }
+              if (out.reason() == RejectReason::shed) shed.fetch_add(1);
+            });
+            if (id % 5 == 0 && i % 2 == 0) sources[static_cast<std::size_t>(i)].request_stop();
+            if (i % 64 == 0) std::this_thread::sleep_for(100us);
+          }
+        });
+      }
+      for (auto& th : ts) th.join();
+      p.shutdown();
+      const PipelineStats s = p.stats();
+      CHECK(s.submitted == static_cast<std::uint64_t>(threads * per_thread));
+      CHECK(s.completed() == s.submitted);
+      CHECK(s.count(RejectReason::shed) == static_cast<std::uint64_t>(shed.load()));
+      CHECK(s.count(Status::ok) == static_cast<std::uint64_t>(ok.load()));
+    }
+    for (auto& n : seen) REQUIRE(n.load() == 1);
+    if (policy == QueuePolicy::reject_newest || policy == QueuePolicy::adaptive_lifo)
+      CHECK(shed.load() == 0);
+  }
+}

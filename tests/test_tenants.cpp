@@ -413,3 +413,38 @@ TEST_CASE("ContinuousBatcher quotas: max_queued and max_in_flight reject with qu
   CHECK(a3->end()->ok());
   CHECK(b.stats().count(RejectReason::quota_exceeded) == 2);
 }
+
+TEST_CASE("Per-tenant metrics: the busiest tenants get their own series, the rest `other`",
+          "[tenants][metrics]") {
+  ManualClock clock;
+  Served s;
+  MetricsRegistry registry;
+  PipelineConfig<Req> c = fair_config();
+  c.metrics = &registry;
+  c.tenants.metric_tenants = 2;
+  c.tenants.tenant_name = [](TenantId t) { return "t" + std::to_string(t); };
+  c.tenants.tenants.push_back({9, TenantQuota{1.0, 1, 0}});
+  TenantPipeline<> p(s.model(), FixedWindow{4, 1ms}, c, clock);
+  int id = 0;
+  for (int i = 0; i < 10; ++i) s.submit(p, 1, ++id);
+  for (int i = 0; i < 5; ++i) s.submit(p, 2, ++id);
+  (void)p.poll();
+  for (int i = 0; i < 3; ++i) s.submit(p, 3, ++id);  // a third tenant: `other`
+  s.submit(p, 9, ++id);
+  s.submit(p, 9, ++id);  // over its quota: rejected, counted under `other`
+  clock.advance(1ms);
+  (void)p.poll();
+  const std::string text = registry.prometheus();
+  CHECK(text.find("tailbatch_pipeline_tenant_requests_total{status=\"ok\",tenant=\"t1\"} 10") !=
+        std::string::npos);
+  CHECK(text.find("tailbatch_pipeline_tenant_requests_total{status=\"ok\",tenant=\"t2\"} 5") !=
+        std::string::npos);
+  CHECK(text.find("tailbatch_pipeline_tenant_requests_total{status=\"ok\",tenant=\"other\"} 4") !=
+        std::string::npos);
+  CHECK(text.find(
+            "tailbatch_pipeline_tenant_requests_total{status=\"rejected\",tenant=\"other\"} 1") !=
+        std::string::npos);
+  CHECK(text.find("tenant=\"t3\"") == std::string::npos);
+  CHECK(text.find("tailbatch_pipeline_tenant_latency_seconds_count{tenant=\"t1\"} 10") !=
+        std::string::npos);
+}

@@ -398,7 +398,8 @@ class Pipeline {
         config_.metric_labels,
         detail::PipelineGaugeSources{&counters_, &ledger_, max_batch_, this, [](const void* self) noexcept {
                                        return static_cast<const Pipeline*>(self)->queued_approx();
-                                     }});
+                                     }, &config_.tenants});
+    track_tenants_ = quotas_.enabled() || (metrics_ && metrics_->tenants);
     if (metrics_) ledger_.set_end_to_end(metrics_->hist[Hist::end_to_end]);
     if constexpr (cycle_stamps) {
       if (detail::cycle_counter_is_constant()) {
@@ -481,14 +482,14 @@ class Pipeline {
     const TenantId tenant = options.tenant;
     if (quotas_.enabled()) {
       if (auto no = quotas_.refusal(tenant, counters_.drain_rate.load(std::memory_order_relaxed))) {
+        tenant_metric(tenant, no->status, {});
         return complete_inline(done, std::move(*no));
       }
     }
     std::optional<Ticket> ticket = admission_->try_admit();
     if (!ticket) {
-      if (quotas_.enabled()) quotas_.release(tenant);
-      return reject_inline(done, RejectReason::overloaded, "tailbatch: the admission policy refused the request",
-                           retry_after_hint());
+      finish_tenant(tenant, Status::rejected, {}, false);
+      return reject_inline(done, RejectReason::overloaded, "tailbatch: the admission policy refused the request", retry_after_hint());
     }
 
     std::unique_ptr<Hook> hook;
@@ -600,13 +601,22 @@ class Pipeline {
   void finish_inline(detail::Completion<Resp>& done, Ticket&& ticket, BatchTime arrival, Error&& e,
                      std::unique_ptr<Hook> hook = nullptr, TenantId tenant = 0) noexcept {
     hook.reset();
-    if (quotas_.enabled()) quotas_.release(tenant);
     const Status s = e.status;
     count_inline(s, e.reason);
     const BatchTime end = clock_.now();
     if (detail::stamp_is_cycles(arrival)) arrival = end;  // refused at once: no time spent
+    finish_tenant(tenant, s, elapsed(arrival, end), false);
     admission_->release(std::move(ticket), s, elapsed(arrival, end));
     deliver(done, Outcome<Resp>(std::move(e)));
+  }
+
+  // A request of tenant t ends (quotas, metrics); `queued`: its queued place was given back.
+  void finish_tenant(TenantId t, Status s, std::chrono::nanoseconds latency, bool queued) noexcept {
+    if (quotas_.enabled()) queued ? quotas_.done(t) : quotas_.release(t);
+    tenant_metric(t, s, latency);
+  }
+  void tenant_metric(TenantId t, Status s, std::chrono::nanoseconds latency) noexcept {
+    if (metrics_ && metrics_->tenants) metrics_->tenants->record(t, s, latency);
   }
 
   template <class F>
@@ -864,7 +874,7 @@ class Pipeline {
   // small record cannot be allocated.
   auto dead_sink() noexcept {
     return [this](Entry& e, Status why, BatchTime now, RejectReason reason) {
-      if (quotas_.enabled()) quotas_.release(e.tenant);  // it completes without running
+      if (quotas_.enabled()) quotas_.dequeued(e.tenant);
       publish_dequeued();
       const bool room = !detail::call_guarded(
           [&] {
@@ -872,21 +882,22 @@ class Pipeline {
           },
           [](const char*) {});
       if (room) {
-        dead_.push_back(Dead{std::move(e.meta), why, now, reason});  // within capacity: no throw
+        dead_.push_back(Dead{std::move(e.meta), why, now, reason, e.tenant});  // within capacity: no throw
       } else {
-        complete_dead(e.meta, why, now, reason);
+        complete_dead(e.meta, why, now, reason, e.tenant);
       }
     };
   }
 
   // Completes a request taken off the queue at `at` without running.
-  void complete_dead(Meta& m, Status why, BatchTime at, RejectReason reason) noexcept {
+  void complete_dead(Meta& m, Status why, BatchTime at, RejectReason reason, TenantId tenant) noexcept {
+    if (track_tenants_) finish_tenant(tenant, why, elapsed(m.arrival, at), true);
     complete_meta(m, detail::dead_request_error(why, reason, retry_after_hint()), at, false, at);
   }
 
   // Completes what the leader's turn took off the queue (under lead_mu_).
   void complete_dead() noexcept {
-    for (Dead& d : dead_) complete_dead(d.meta, d.why, d.at, d.reason);
+    for (Dead& d : dead_) complete_dead(d.meta, d.why, d.at, d.reason, d.tenant);
     dead_.clear();
   }
 
@@ -913,8 +924,8 @@ class Pipeline {
     // Within the reserved capacity, and Entry moves are expected not to throw: an
     // exception here terminates (this is noexcept) rather than lose a request.
     former_.form(round, [&](Entry& e) {
-      if (quotas_.enabled()) {
-        quotas_.dequeued(e.tenant);
+      if (track_tenants_) {
+        if (quotas_.enabled()) quotas_.dequeued(e.tenant);
         b.tenants.push_back(e.tenant);  // within the reserved capacity
       }
       b.take(e);  // leaves e gone
@@ -936,23 +947,13 @@ class Pipeline {
   // many as the batch holds): in a server that parks a thread on each future, the threads
   // are what limits the batch. Counted; reported once, after a run of such batches.
   void note_submitter_limit(Batch& b, std::size_t n) noexcept {
-    b.warn_submitters = false;
-    if (b.reason != DispatchReason::window || n >= max_batch_ || former_.size() != 0) {
-      submitter_streak_ = 0;
-      return;
-    }
     const std::size_t blocked = blocked_submitters_approx();
-    if (blocked < n || blocked >= max_batch_ * total_slots_) {
-      submitter_streak_ = 0;
-      return;
-    }
-    counters_.submitter_limited.fetch_add(1, std::memory_order_relaxed);
-    if (metrics_) metrics_->submitter_limited->inc();
-    if (++submitter_streak_ >= submitter_warn_after && !submitter_warned_) {
-      submitter_warned_ = true;
-      b.warn_submitters = true;
-      b.blocked = blocked;
-    }
+    const bool limited = b.reason == DispatchReason::window && n < max_batch_ && former_.size() == 0 &&
+                         blocked >= n && blocked < max_batch_ * total_slots_;
+    if (limited) counters_.submitter_limited.fetch_add(1, std::memory_order_relaxed);
+    if (limited && metrics_) metrics_->submitter_limited->inc();
+    b.warn_submitters = submitter_streak_.note(limited);
+    b.blocked = blocked;
   }
 
   // ---- execution and completion (no lock held) ---------------------------------------
@@ -1002,6 +1003,7 @@ class Pipeline {
       const bool was_cancelled = m.cancelled();
       m.cancel.reset();
       const auto latency = elapsed(m.arrival, end);
+      if (track_tenants_) finish_tenant(b.tenants[i], was_cancelled ? Status::cancelled : threw ? Status::failed : Status::ok, latency, true);
       if (was_cancelled) {
         settle(m, Status::cancelled, RejectReason::none, latency,
                Outcome<Resp>(Error{Status::cancelled, RejectReason::none,
@@ -1016,6 +1018,7 @@ class Pipeline {
     const std::size_t dropped = b.dropped.size();
     for (std::size_t i = 0; i < dropped; ++i) {
       const bool was_cancelled = b.dropped_status[i] == Status::cancelled;
+      if (track_tenants_) finish_tenant(b.dropped_tenants[i], b.dropped_status[i], elapsed(b.dropped[i].arrival, end), true);
       complete_meta(b.dropped[i],
                     was_cancelled ? Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}}
                                   : Error{Status::deadline_exceeded, RejectReason::none,
@@ -1023,8 +1026,7 @@ class Pipeline {
                     end, true, b.formed);
     }
     // What the leader took off the queue while forming this batch, now that it ran.
-    for (detail::DeadRequest<Meta>& d : b.dead) complete_dead(d.meta, d.why, d.at, d.reason);
-    for (TenantId t : b.tenants) quotas_.done(t);
+    for (detail::DeadRequest<Meta>& d : b.dead) complete_dead(d.meta, d.why, d.at, d.reason, d.tenant);
     // The policy learns after the completions: its work never delays them.
     if constexpr (BatchFeedbackPolicy<Policy>) {
       if (n > 0) policy_.on_batch_executed(BatchFeedback{n, b.padded, elapsed(start, end), lane_index, start, threw, b.formed, b.reason});
@@ -1076,11 +1078,8 @@ class Pipeline {
   Batch manual_batch_;
   // Requests this turn took off the queue without running, not yet completed.
   std::vector<Dead> dead_;
-  // Consecutive batches that looked limited by blocked submitters; the warning is given
   // once, after this many.
-  static constexpr std::size_t submitter_warn_after = 16;
-  std::size_t submitter_streak_ = 0;
-  bool submitter_warned_ = false;
+  detail::SubmitterStreak submitter_streak_;
 
   // Counters (and the drain rate, in_flight, the blocked submitters), read by stats().
   detail::PipelineCounters counters_;
@@ -1089,6 +1088,7 @@ class Pipeline {
   // Little's-law check, the end-to-end histogram, the service rate (retry-after hint).
   detail::OutcomeLedger ledger_;
   detail::TenantQuotas quotas_{config_.tenants};  // per-tenant max_queued / max_in_flight
+  bool track_tenants_ = false;                    // quotas or per-tenant metrics: tenants leave with batches
 
   std::mutex shutdown_mu_;
   bool shut_down_ = false;

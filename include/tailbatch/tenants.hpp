@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -77,6 +78,14 @@ struct TenantsConfig {
   TenantQuota defaults{};
   // Tenants with their own quota. Each id at most once.
   std::vector<std::pair<TenantId, TenantQuota>> tenants{};
+  // Per-tenant metrics (with a metrics registry, when enabled()): requests by tenant and
+  // status, and latency by tenant, for at most this many tenants (those that rank in the
+  // top metric_tenants by requests when they first need a series) plus one `other`
+  // series for the rest. 0: none.
+  std::size_t metric_tenants = 10;
+  // The `tenant` label's value for a tenant (e.g. TenantNames::name); unset: its id in
+  // decimal. Called once per tenant given a series; must be thread-safe.
+  std::function<std::string(TenantId)> tenant_name{};
 
   // The quota of tenant t. Linear in tenants.size(); front doors look it up once per
   // tenant, not per request. Never throws.

@@ -31,6 +31,7 @@ struct DeadRequest {
   Status why = Status::deadline_exceeded;
   BatchTime at{};                            // when it was taken off
   RejectReason reason = RejectReason::none;  // with Status::rejected: shed, else shutting_down
+  TenantId tenant = 0;
 };
 
 // The outcome of a request taken off the queue without running (see DeadRequest).
@@ -80,12 +81,17 @@ struct PipelineBatch {
   // Requests the leader took off the queue while forming this batch, completed after its
   // model call (so that their callbacks never delay its start).
   std::vector<DeadRequest<Meta>> dead;
-  // With tenant quotas: the batch's requests' tenants, whose in-flight places its end frees.
+  // With tenant quotas or per-tenant metrics: the tenants of metas and of dropped, index
+  // for index (empty otherwise).
   std::vector<TenantId> tenants;
+  std::vector<TenantId> dropped_tenants;
+  std::vector<TenantId> kept_tenants;
 
   // Reserves every vector for `most` requests. Throws std::bad_alloc.
   void reserve(std::size_t most) {
     tenants.reserve(most);
+    dropped_tenants.reserve(most);
+    kept_tenants.reserve(most);
     reqs.reserve(most);
     resps.reserve(most);
     metas.reserve(most);
@@ -144,9 +150,11 @@ struct PipelineBatch {
     if (std::none_of(metas.begin(), metas.end(), unstartable)) return 0;
     kept_reqs.clear();
     kept_metas.clear();
+    kept_tenants.clear();
     const std::size_t before = dropped.size();
     for (std::size_t i = 0; i < n; ++i) {
       Meta& m = metas[i];
+      if (!tenants.empty()) (unstartable(m) ? dropped_tenants : kept_tenants).push_back(tenants[i]);
       if (unstartable(m)) {
         // A request both late and cancelled is reported cancelled.
         dropped_status.push_back(m.cancelled() ? Status::cancelled : Status::deadline_exceeded);
@@ -171,6 +179,7 @@ struct PipelineBatch {
     metas.clear();
     std::swap(reqs, kept_reqs);
     std::swap(metas, kept_metas);
+    std::swap(tenants, kept_tenants);
     padded = size;
     return dropped.size() - before;
   }
@@ -182,6 +191,8 @@ struct PipelineBatch {
     resps.clear();
     dropped.clear();
     dropped_status.clear();
+    dropped_tenants.clear();
+    tenants.clear();
     dead.clear();
   }
 };

@@ -19,16 +19,20 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
-#include <utility>
-#include <vector>
-
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/outcome_ledger.hpp>
+#include <tailbatch/detail/throw.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/outcome.hpp>
+#include <tailbatch/tenants.hpp>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace tailbatch::detail {
 
@@ -39,14 +43,121 @@ inline constexpr std::size_t pipeline_outcome_count = 1 + (reject_reason_count -
 [[nodiscard]] constexpr std::size_t pipeline_outcome_index(Status s, RejectReason r) noexcept {
   constexpr std::size_t reasons = reject_reason_count - 1;
   switch (s) {
-    case Status::ok: return 0;
-    case Status::rejected: return std::clamp<std::size_t>(static_cast<std::size_t>(r), 1, reasons);
-    case Status::deadline_exceeded: return reasons + 1;
-    case Status::cancelled: return reasons + 2;
-    case Status::failed: return reasons + 3;
+    case Status::ok:
+      return 0;
+    case Status::rejected:
+      return std::clamp<std::size_t>(static_cast<std::size_t>(r), 1, reasons);
+    case Status::deadline_exceeded:
+      return reasons + 1;
+    case Status::cancelled:
+      return reasons + 2;
+    case Status::failed:
+      return reasons + 3;
   }
   return reasons + 3;
 }
+
+// Per-tenant series with bounded cardinality: `<prefix>_tenant_requests_total{tenant,
+// status}` and `<prefix>_tenant_latency_seconds{tenant}` for at most `top` tenants plus
+// `tenant="other"`. Every request is counted in a space-saving sketch of the busiest
+// tenants (4 x top entries); a tenant without a series gets one when it ranks in the
+// sketch's top `top` while fewer than `top` tenants have one; any other tenant is counted
+// under `other`. Series are never taken away (counters stay monotonic), so the label
+// values are at most top + 1 however many tenants come and go. Thread-safe: a mutex
+// around the lookups; the series themselves are the registry's (atomic).
+class TenantSeries {
+ public:
+  TenantSeries(MetricsRegistry& r, Labels base, std::string prefix, std::size_t top,
+               std::function<std::string(TenantId)> name)
+      : registry_(&r),
+        base_(std::move(base)),
+        prefix_(std::move(prefix)),
+        top_(top),
+        name_(std::move(name)) {
+    other_ = make("other");
+  }
+
+  // One request of tenant t completed with status s after latency (end to end).
+  void record(TenantId t, Status s, std::chrono::nanoseconds latency) noexcept {
+    Series* x = nullptr;
+    detail::call_guarded([&] { x = lookup(t); }, [](const char*) {});
+    if (x == nullptr) x = &other_;
+    x->status[static_cast<std::size_t>(s)]->inc();
+    x->latency->record(latency);
+  }
+
+ private:
+  struct Series {
+    std::array<Counter*, status_count> status{};
+    LatencyHistogram* latency = nullptr;
+  };
+
+  Series make(const std::string& tenant) {
+    Series x;
+    Labels l = base_;
+    l.emplace_back("tenant", tenant);
+    for (std::size_t i = 0; i < status_count; ++i) {
+      Labels ls = l;
+      ls.emplace_back("status", std::string(to_string(static_cast<Status>(i))));
+      x.status[i] = &registry_->counter(prefix_ + "_tenant_requests_total",
+                                        "Requests completed, by tenant and status", std::move(ls));
+    }
+    x.latency = &registry_->histogram(prefix_ + "_tenant_latency_seconds",
+                                      "Time from submit until the request completed, by tenant", l);
+    return x;
+  }
+
+  Series* lookup(TenantId t) {
+    std::lock_guard lock(mu_);
+    // The space-saving sketch: t's count, or the smallest entry replaced by t.
+    auto it = sketch_.find(t);
+    if (it != sketch_.end()) {
+      ++it->second;
+    } else if (sketch_.size() < 4 * top_) {
+      it = sketch_.emplace(t, 1).first;
+    } else {
+      auto least =
+          std::min_element(sketch_.begin(), sketch_.end(),
+                           [](const auto& a, const auto& b) { return a.second < b.second; });
+      const std::uint64_t c = least->second + 1;
+      sketch_.erase(least);
+      it = sketch_.emplace(t, c).first;
+    }
+    if (auto s = series_.find(t); s != series_.end()) return &s->second;
+    if (series_.size() >= top_) return nullptr;
+    // Its rank in the sketch.
+    std::size_t above = 0;
+    for (const auto& [id, c] : sketch_) above += c > it->second ? 1 : 0;
+    if (above >= top_) return nullptr;
+    const std::string label = name_ ? name_(t) : std::to_string(t);
+    return &series_.emplace(t, make(label)).first->second;
+  }
+
+  MetricsRegistry* registry_;
+  Labels base_;
+  std::string prefix_;
+  std::size_t top_;
+  std::function<std::string(TenantId)> name_;
+  std::mutex mu_;
+  std::unordered_map<TenantId, std::uint64_t> sketch_;
+  std::unordered_map<TenantId, Series> series_;
+  Series other_;
+};
+
+// Consecutive batches that looked limited by callers blocked on futures: the one-time
+// warning is given after `warn_after` of them in a row. The leader's.
+struct SubmitterStreak {
+  static constexpr std::size_t warn_after = 16;
+  std::size_t streak = 0;
+  bool warned = false;
+  // Notes one batch; true when the warning is due now (once).
+  bool note(bool limited) noexcept {
+    streak = limited ? streak + 1 : 0;
+    if (streak < warn_after || warned) return false;
+    warned = true;
+    return true;
+  }
+};
 
 // The Pipeline's registered metrics (owned by the Pipeline; the series by the registry).
 struct PipelineMetrics {
@@ -59,6 +170,7 @@ struct PipelineMetrics {
   Counter* callback_exceptions = nullptr;
   Counter* submitter_limited = nullptr;
   std::vector<CallbackRegistration> gauges;
+  std::unique_ptr<TenantSeries> tenants;  // with TenantsConfig::enabled() and metric_tenants > 0
 };
 
 // Counts since construction. Relaxed atomics; see the file comment.
@@ -77,7 +189,8 @@ struct PipelineCounters {
   alignas(64) std::atomic<std::int64_t> future_waiters{0};
 
   [[nodiscard]] std::size_t blocked_submitters() const noexcept {
-    return static_cast<std::size_t>(std::max<std::int64_t>(0, future_waiters.load(std::memory_order_relaxed)));
+    return static_cast<std::size_t>(
+        std::max<std::int64_t>(0, future_waiters.load(std::memory_order_relaxed)));
   }
 
   // n outcomes, on the metric series (the counts themselves are the OutcomeLedger's).
@@ -124,25 +237,29 @@ struct PipelineGaugeSources {
   std::size_t max_batch = 1;
   const void* owner = nullptr;
   std::size_t (*queued)(const void* owner) noexcept = nullptr;
+  const TenantsConfig* tenants = nullptr;
 };
 
 // Registers the tailbatch_pipeline_* series with `base` labels added to each. Throws what
 // the registry throws (std::invalid_argument for a clashing series, std::bad_alloc).
-[[gnu::cold]] inline std::unique_ptr<PipelineMetrics> register_pipeline_metrics(MetricsRegistry& r,
-                                                                                const Labels& base,
-                                                                                const PipelineGaugeSources& src) {
+[[gnu::cold]] inline std::unique_ptr<PipelineMetrics> register_pipeline_metrics(
+    MetricsRegistry& r, const Labels& base, const PipelineGaugeSources& src) {
   auto m = std::make_unique<PipelineMetrics>();
-  m->hist[PipelineMetrics::queue_wait] = &r.histogram("tailbatch_pipeline_queue_wait_seconds",
-                                                      "Time from submit until the request's batch was formed", base);
-  m->hist[PipelineMetrics::formation] = &r.histogram("tailbatch_pipeline_batch_formation_seconds",
-                                                     "Time from a batch's first request until the batch closed", base);
-  m->hist[PipelineMetrics::model_time] =
-      &r.histogram("tailbatch_pipeline_model_seconds", "Time spent in the model call, per batch", base);
-  m->hist[PipelineMetrics::end_to_end] = &r.histogram("tailbatch_pipeline_end_to_end_seconds",
-                                                      "Time from submit until the request completed", base);
+  m->hist[PipelineMetrics::queue_wait] =
+      &r.histogram("tailbatch_pipeline_queue_wait_seconds",
+                   "Time from submit until the request's batch was formed", base);
+  m->hist[PipelineMetrics::formation] =
+      &r.histogram("tailbatch_pipeline_batch_formation_seconds",
+                   "Time from a batch's first request until the batch closed", base);
+  m->hist[PipelineMetrics::model_time] = &r.histogram(
+      "tailbatch_pipeline_model_seconds", "Time spent in the model call, per batch", base);
+  m->hist[PipelineMetrics::end_to_end] =
+      &r.histogram("tailbatch_pipeline_end_to_end_seconds",
+                   "Time from submit until the request completed", base);
   for (std::size_t i = 0; i < dispatch_reason_count; ++i) {
-    m->dispatch[i] = &r.counter("tailbatch_pipeline_batches_total", "Batches dispatched, by the reason they closed",
-                                join_labels(base, {{"reason", std::string(to_string(static_cast<DispatchReason>(i)))}}));
+    m->dispatch[i] = &r.counter(
+        "tailbatch_pipeline_batches_total", "Batches dispatched, by the reason they closed",
+        join_labels(base, {{"reason", std::string(to_string(static_cast<DispatchReason>(i)))}}));
   }
   m->batched = &r.counter("tailbatch_pipeline_batched_requests_total",
                           "Requests executed in batches (padding excluded)", base);
@@ -151,8 +268,10 @@ struct PipelineGaugeSources {
   for (std::size_t i = 0; i < classes; ++i) {
     const std::size_t hi = std::size_t{1} << i;
     const std::size_t lo = i == 0 ? 1 : (std::size_t{1} << (i - 1)) + 1;
-    const std::string label = lo == hi ? std::to_string(hi) : std::to_string(lo) + "-" + std::to_string(hi);
-    m->by_size.push_back(&r.counter("tailbatch_pipeline_batch_size_total", "Batches dispatched, by size class",
+    const std::string label =
+        lo == hi ? std::to_string(hi) : std::to_string(lo) + "-" + std::to_string(hi);
+    m->by_size.push_back(&r.counter("tailbatch_pipeline_batch_size_total",
+                                    "Batches dispatched, by size class",
                                     join_labels(base, {{"size", label}})));
   }
   static constexpr std::array<std::pair<Status, RejectReason>, pipeline_outcome_count> outcomes{{
@@ -168,33 +287,43 @@ struct PipelineGaugeSources {
       {Status::failed, RejectReason::none},
   }};
   for (const auto& [s, rr] : outcomes) {
-    m->outcomes[pipeline_outcome_index(s, rr)] =
-        &r.counter("tailbatch_pipeline_requests_total", "Requests completed, by status and reject reason",
-                   join_labels(base, {{"status", std::string(to_string(s))}, {"reason", std::string(to_string(rr))}}));
+    m->outcomes[pipeline_outcome_index(s, rr)] = &r.counter(
+        "tailbatch_pipeline_requests_total", "Requests completed, by status and reject reason",
+        join_labels(
+            base, {{"status", std::string(to_string(s))}, {"reason", std::string(to_string(rr))}}));
+  }
+  if (src.tenants != nullptr && src.tenants->enabled() && src.tenants->metric_tenants > 0) {
+    m->tenants = std::make_unique<TenantSeries>(
+        r, base, "tailbatch_pipeline", src.tenants->metric_tenants, src.tenants->tenant_name);
   }
   m->callback_exceptions = &r.counter("tailbatch_pipeline_callback_exceptions_total",
                                       "Completion callbacks that threw (caught and dropped)", base);
   const PipelineCounters* c = src.counters;
-  m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_queue_depth", "Requests waiting in the queue", base,
-                                       [src] { return static_cast<double>(src.queued(src.owner)); }));
-  m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_in_flight", "Requests in batches being executed", base,
-                                       [c] { return static_cast<double>(c->in_flight.load(std::memory_order_relaxed)); }));
-  m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_batch_fill_ratio",
-                                       "Mean batch size over max_batch since start", base,
-                                       [c, max_batch = src.max_batch] { return c->fill_ratio(max_batch); }));
-  m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_drain_rate", "Requests taken off the queue per second",
-                                       base, [c] { return c->drain_rate.load(std::memory_order_relaxed); }));
-  m->submitter_limited = &r.counter(
-      "tailbatch_pipeline_submitter_limited_batches_total",
-      "Batches closed by their window short of max_batch with nothing else queued, while fewer callers waited on "
-      "futures than max_batch x lane slots",
-      base);
-  m->gauges.push_back(r.gauge_callback("tailbatch_pipeline_blocked_submitters",
-                                       "Future-returning submits whose outcome is not yet set", base,
-                                       [c] { return static_cast<double>(c->blocked_submitters()); }));
+  m->gauges.push_back(
+      r.gauge_callback("tailbatch_pipeline_queue_depth", "Requests waiting in the queue", base,
+                       [src] { return static_cast<double>(src.queued(src.owner)); }));
+  m->gauges.push_back(r.gauge_callback(
+      "tailbatch_pipeline_in_flight", "Requests in batches being executed", base,
+      [c] { return static_cast<double>(c->in_flight.load(std::memory_order_relaxed)); }));
+  m->gauges.push_back(r.gauge_callback(
+      "tailbatch_pipeline_batch_fill_ratio", "Mean batch size over max_batch since start", base,
+      [c, max_batch = src.max_batch] { return c->fill_ratio(max_batch); }));
+  m->gauges.push_back(
+      r.gauge_callback("tailbatch_pipeline_drain_rate", "Requests taken off the queue per second",
+                       base, [c] { return c->drain_rate.load(std::memory_order_relaxed); }));
+  m->submitter_limited = &r.counter("tailbatch_pipeline_submitter_limited_batches_total",
+                                    "Batches closed by their window short of max_batch with "
+                                    "nothing else queued, while fewer callers waited on "
+                                    "futures than max_batch x lane slots",
+                                    base);
+  m->gauges.push_back(
+      r.gauge_callback("tailbatch_pipeline_blocked_submitters",
+                       "Future-returning submits whose outcome is not yet set", base,
+                       [c] { return static_cast<double>(c->blocked_submitters()); }));
   m->gauges.push_back(r.gauge_callback(
       "tailbatch_pipeline_littles_law_deviation",
-      "Relative deviation of the time-averaged requests in the pipeline from throughput x mean latency, at the "
+      "Relative deviation of the time-averaged requests in the pipeline from throughput x mean "
+      "latency, at the "
       "last check_littles_law()",
       base, [l = src.ledger] { return l != nullptr ? l->littles_deviation() : 0.0; }));
   m->gauges.push_back(r.gauge_callback(
@@ -208,7 +337,8 @@ struct PipelineGaugeSources {
 [[gnu::cold]] inline std::string submitter_limit_message(std::size_t blocked, std::size_t cap) {
   return "tailbatch: batch size looks limited by blocked submitters: " + std::to_string(blocked) +
          " callers wait on futures, fewer than max_batch x lane slots = " + std::to_string(cap) +
-         ", and batches close by their window with nothing else queued. If the callers are a fixed pool of "
+         ", and batches close by their window with nothing else queued. If the callers are a fixed "
+         "pool of "
          "threads (a thread per request), submit with a callback instead, or let at least " +
          std::to_string(cap) + " callers wait at once.";
 }
