@@ -46,31 +46,51 @@ tailbatch_load_cli_test(load_network_needs_simulate RC 1 ARGS --network-ms 5 --r
 # ---- --json: one object per run, in every mode -------------------------------------------
 set(_load_fields "\"offered_rps\": [0-9.]+, \"achieved_rps\": [0-9.]+, \"p50_ms\": [0-9.]+, \"p95_ms\": [0-9.]+, \"p99_ms\": [0-9.]+, \"mean_batch\": [0-9.]+, \"errors\": [0-9]+")
 # (CMake's regular expressions have no {n} repetition: a sweep's lines are spelled out.)
-set(_sim_adaptive "{\"mode\": \"simulate\", \"policy\": \"adaptive\", ${_load_fields}}")
-set(_live_adaptive "{\"mode\": \"live\", \"policy\": \"adaptive\", ${_load_fields}}")
+# Every run object ends with the goodput and the tenants (empty without --tenant-mix).
+set(_good ", \"goodput_rps\": [0-9.]+, \"tenants\": \\[\\]")
+set(_sim_adaptive "{\"mode\": \"simulate\", \"policy\": \"adaptive\", ${_load_fields}${_good}}")
+set(_live_adaptive "{\"mode\": \"live\", \"policy\": \"adaptive\", ${_load_fields}${_good}}")
 set(_example1 --base-ms 20 --per-item-ms 3 --network-ms 5 --lanes 2 --slo-p95-ms 150)
 tailbatch_load_cli_test(load_json_simulate_fixed RC 0
   ARGS --simulate ${_example1} --max-batch 16 --window-ms 8 --rate 200 --duration 4 --warmup 1 --json
-  EXPECT "^{\"mode\": \"simulate\", \"policy\": \"fixed\", ${_load_fields}, \"window_ms\": 8, \"max_batch\": 16}\n$")
+  EXPECT "^{\"mode\": \"simulate\", \"policy\": \"fixed\", ${_load_fields}, \"window_ms\": 8, \"max_batch\": 16${_good}}\n$")
 tailbatch_load_cli_test(load_json_simulate_adaptive RC 0
   ARGS --simulate ${_example1} --max-batch 64 --policy adaptive --rate 200 --duration 4 --warmup 1 --json
-  EXPECT "^{\"mode\": \"simulate\", \"policy\": \"adaptive\", ${_load_fields}}\n$" FORBID "window_ms")
+  EXPECT "^{\"mode\": \"simulate\", \"policy\": \"adaptive\", ${_load_fields}${_good}}\n$" FORBID "window_ms")
 tailbatch_load_cli_test(load_json_simulate_best_static RC 0
   ARGS --simulate ${_example1} --max-batch 16 --policy best-static --rate 200 --duration 3 --warmup 1 --json
-  EXPECT "^{\"mode\": \"simulate\", \"policy\": \"best-static\", ${_load_fields}, \"window_ms\": [0-9.]+, \"max_batch\": [0-9]+}\n$")
+  EXPECT "^{\"mode\": \"simulate\", \"policy\": \"best-static\", ${_load_fields}, \"window_ms\": [0-9.]+, \"max_batch\": [0-9]+${_good}}\n$")
 tailbatch_load_cli_test(load_json_simulate_sweep RC 0
   ARGS --simulate ${_example1} --policy adaptive --sweep 50,100,200 --duration 3 --warmup 1 --json
   EXPECT "^${_sim_adaptive}\n${_sim_adaptive}\n${_sim_adaptive}\nplot: ")
 tailbatch_load_cli_test(load_json_simulate_steps RC 0
   ARGS --simulate ${_example1} --policy adaptive --steps 50:2,300:2 --json
-  EXPECT "^{\"mode\": \"simulate\", \"policy\": \"adaptive\", ${_load_fields}}\n")
+  EXPECT "^{\"mode\": \"simulate\", \"policy\": \"adaptive\", ${_load_fields}${_good}}\n")
 tailbatch_load_cli_test(load_json_live RC 0
   ARGS --base-ms 2 --per-item-ms 0.5 --rate 100 --duration 1 --warmup 0.2 --json --quiet
-  EXPECT "^{\"mode\": \"live\", \"policy\": \"fixed\", ${_load_fields}, \"window_ms\": 8, \"max_batch\": 16}\nplot: ")
+  EXPECT "^{\"mode\": \"live\", \"policy\": \"fixed\", ${_load_fields}, \"window_ms\": 8, \"max_batch\": 16${_good}}\nplot: ")
 tailbatch_load_cli_test(load_json_live_sweep RC 0
   ARGS --base-ms 2 --per-item-ms 0.5 --policy adaptive --sweep 50,100 --duration 1 --warmup 0.2 --json --quiet
        --slo-p95-ms 60000  # the sweep stops at the first rate over the SLO: a busy machine must not end it early
   EXPECT "^${_live_adaptive}\n${_live_adaptive}\nplot: ")
+
+# ---- --tenant-mix: parsing, and each tenant's figures in the run object -----------------
+tailbatch_load_cli_test(load_tenant_mix_twice RC 1 ARGS --simulate --tenant-mix a:300,a:5
+  EXPECT "--tenant-mix: \"a:5\": tenant a is named twice")
+tailbatch_load_cli_test(load_tenant_mix_bad_weight RC 1 ARGS --simulate --tenant-mix a:300:0,b:5
+  EXPECT "--tenant-mix: \"a:300:0\": WEIGHT must be a number > 0")
+tailbatch_load_cli_test(load_tenant_mix_not_with_rate RC 1 ARGS --simulate --tenant-mix a:3 --rate 5
+  EXPECT "excludes")
+set(_tenant "{\"name\": \"[ab]\", \"offered_rps\": [0-9.]+, \"achieved_rps\": [0-9.]+, \"p50_ms\": [0-9.]+, \"p95_ms\": [0-9.]+, \"p99_ms\": [0-9.]+, \"goodput_rps\": [0-9.]+, \"errors\": [0-9]+}")
+tailbatch_load_cli_test(load_json_tenants_simulate RC 0
+  ARGS --simulate ${_example1} --tenant-mix a:150:2,b:50 --scheduling fair --queue-policy adaptive-lifo
+       --duration 3 --warmup 1 --json
+  EXPECT "^{\"mode\": \"simulate\", .*\"goodput_rps\": [0-9.]+, \"tenants\": \\[${_tenant}, ${_tenant}\\]}\n$"
+         "\"name\": \"a\", \"offered_rps\": 1[3-6][0-9]\\.")
+tailbatch_load_cli_test(load_json_tenants_live RC 0
+  ARGS --base-ms 2 --per-item-ms 0.5 --tenant-mix a:60,b:40 --scheduling fair --duration 1 --warmup 0.2
+       --json --quiet
+  EXPECT "^{\"mode\": \"live\", .*\"tenants\": \\[${_tenant}, ${_tenant}\\]}\nplot: ")
 
 # ---- --record and --simulate --replay: a short live run recorded, then replayed ----------
 tailbatch_load_cli_test(load_replay_needs_simulate RC 1 ARGS --replay x.trace

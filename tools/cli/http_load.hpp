@@ -28,6 +28,8 @@
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/tools/load_generator.hpp>
 
+#include "tenant_mix.hpp"
+
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -49,6 +51,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <tuple>
 #include <fstream>
@@ -128,6 +131,9 @@ struct HttpTargetOptions {
   std::size_t connections = 64;
   std::chrono::nanoseconds timeout = std::chrono::seconds(10);
   bool allow_remote = false;
+  // --tenant-mix: each request carries "X-Tenant: NAME" of tenant_of(index).
+  std::vector<std::string> tenants;
+  std::function<std::size_t(std::uint64_t)> tenant_of{};
 };
 
 // The HTTP outcome counts, and the client-side histograms, of one run.
@@ -168,11 +174,15 @@ class HttpClient {
     auto results = resolver.resolve(url_.host, url_.port, ec);
     if (ec) throw std::runtime_error("--url: cannot resolve " + url_.host + ": " + ec.message());
     for (const auto& r : results) endpoints_.push_back(r.endpoint());
-    // One serialized request per body: writing is a single buffer, no per-request formatting.
+    // One serialized request per body (and tenant): writing is a single buffer, no
+    // per-request formatting.
     const std::size_t n = std::max<std::size_t>(1, o_.bodies.size());
-    for (std::size_t i = 0; i < n; ++i) {
+    bodies_ = n;
+    for (std::size_t k = 0; k < std::max<std::size_t>(1, o_.tenants.size()) * n; ++k) {
+      const std::size_t i = k % n;
       std::string req = o_.method + " " + url_.target + " HTTP/1.1\r\nHost: " + url_.host + ":" + url_.port +
                         "\r\nUser-Agent: tailbatch-load\r\n";
+      if (!o_.tenants.empty()) req += "X-Tenant: " + o_.tenants[k / n] + "\r\n";
       bool has_type = false;
       for (const auto& h : o_.headers) {
         if (h.size() >= 13 && strncasecmp(h.c_str(), "content-type:", 13) == 0) has_type = true;
@@ -250,6 +260,12 @@ class HttpClient {
     asio::post(ioc_, [this, t] { measure_from_ = t; });
   }
 
+  // Per-tenant counts go to `tally` for requests handed over after this call (null: none).
+  // Allocates one handler. Thread-safe.
+  void count_tenants_in(std::shared_ptr<tailbatch_load::TenantTally> tally) {
+    asio::post(ioc_, [this, tally = std::move(tally)]() mutable { tally_ = std::move(tally); });
+  }
+
   // The parsed --url. Thread-safe.
   [[nodiscard]] const Url& url() const noexcept { return url_; }
 
@@ -324,7 +340,8 @@ class HttpClient {
 
   void write(Conn& c) {
     const auto gen = c.generation;
-    const std::string& bytes = wire_[c.req->index % wire_.size()];
+    const std::size_t tenant = o_.tenant_of && !o_.tenants.empty() ? o_.tenant_of(c.req->index) : 0;
+    const std::string& bytes = wire_[(tenant * bodies_ + c.req->index % bodies_) % wire_.size()];
     c.written = std::chrono::steady_clock::now();
     write_lag_->record(std::max(std::chrono::nanoseconds(0),
                                 std::chrono::duration_cast<std::chrono::nanoseconds>(c.written - c.req->done.intended())));
@@ -386,6 +403,10 @@ class HttpClient {
       c.buffer.clear();
     }
     c.timer.cancel();
+    if (tally_ && c.req->done.intended() >= measure_from_) {
+      const std::size_t tenant = o_.tenant_of && !o_.tenants.empty() ? o_.tenant_of(c.req->index) : 0;
+      tally_->record(tenant, s, std::chrono::duration_cast<std::chrono::nanoseconds>(now - c.req->done.intended()));
+    }
     auto done = std::move(c.req->done);
     c.req.reset();
     c.busy = false;
@@ -409,7 +430,9 @@ class HttpClient {
   HttpCounts counts_;
   std::optional<tailbatch::LatencyHistogram> from_send_, dispatch_lag_, write_lag_;
   std::size_t max_open_ = 0;
+  std::size_t bodies_ = 1;
   std::chrono::steady_clock::time_point measure_from_{};
+  std::shared_ptr<tailbatch_load::TenantTally> tally_;
   std::thread thread_;
 };
 
@@ -439,6 +462,7 @@ struct CommonRun {
   std::string out = "tailbatch-load-out";
   bool quiet = false;
   bool json = false;
+  std::vector<tailbatch_load::TenantSpec> tenants;  // --tenant-mix
 };
 
 // The classifier's batch counters from a tailbatch-serve /v1/stats ("batches" and
@@ -517,7 +541,8 @@ inline std::string json_escape(const std::string& s) {
 // One run as the JSON object of --json (one line).
 inline std::string run_json(const std::string& url, double offered, const tailbatch::LoadResult& r,
                             const HttpCounts& c, std::optional<double> mean_batch, bool meets_slo,
-                            std::optional<bool> saturation) {
+                            std::optional<bool> saturation, double goodput_rps,
+                            const std::vector<tailbatch_load::TenantRow>& tenants) {
   std::string j = "{";
   j += "\"url\":\"" + json_escape(url) + "\"";
   j += ",\"offered_rps\":" + json_number(offered);
@@ -548,6 +573,8 @@ inline std::string run_json(const std::string& url, double offered, const tailba
   j += ",\"connections_used\":" + std::to_string(c.max_connections_open);
   j += std::string(",\"meets_slo\":") + (meets_slo ? "true" : "false");
   if (saturation) j += std::string(",\"saturation\":") + (*saturation ? "true" : "false");
+  j += ",\"goodput_rps\":" + json_number(goodput_rps);
+  j += ",\"tenants\":" + tailbatch_load::tenants_json(tenants);
   j += "}";
   return j;
 }
@@ -613,6 +640,9 @@ inline std::string http_table_row(double offered, const HttpCounts& c, std::opti
   if (!(h.timeout_s > 0.0)) throw std::invalid_argument("--timeout-s must be > 0");
   t.timeout = duration_cast<nanoseconds>(duration<double>(h.timeout_s));
   t.allow_remote = h.allow_remote;
+  for (const auto& spec : o.tenants) t.tenants.push_back(spec.name);
+  const tailbatch_load::TenantSplit split(o.tenants, o.seed);
+  if (!o.tenants.empty()) t.tenant_of = [&split](std::uint64_t i) { return split.tenant_of(i); };
   HttpClient client(t);
   auto target = client.target();
   const auto process = o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant : tailbatch::ArrivalProcess::poisson;
@@ -632,12 +662,23 @@ inline std::string http_table_row(double offered, const HttpCounts& c, std::opti
   std::filesystem::create_directories(o.out);
   std::vector<std::string> written;
 
+  // The goodput and per-tenant rows of each run, in order.
+  std::vector<std::pair<double, std::vector<tailbatch_load::TenantRow>>> goodputs;
   auto one_run = [&](tailbatch::LoadConfig lo) {
     const auto before = read_batch_counters(client.url());
+    auto tally = std::make_shared<tailbatch_load::TenantTally>(std::max<std::size_t>(1, o.tenants.size()),
+                                                               from_s(o.slo_p95_ms / 1000.0));
+    client.count_tenants_in(tally);
     // run_load() starts its clock a few microseconds later: the boundaries agree to that.
     client.measure_from(std::chrono::steady_clock::now() + lo.warmup);
     auto r = tailbatch::run_load(lo, target);
-    auto c = client.take_counts();
+    auto c = client.take_counts();  // after the I/O thread's last record into the tally
+    client.count_tenants_in(nullptr);
+    const double window_s = duration<double>(r.measured_window).count();
+    const double offered_s = std::max(duration<double>(lo.profile.duration() - lo.warmup).count(), 1e-9);
+    goodputs.emplace_back(window_s > 0 ? static_cast<double>(tally->good()) / window_s : 0.0,
+                          o.tenants.empty() ? std::vector<tailbatch_load::TenantRow>{}
+                                            : tally->rows(o.tenants, offered_s, window_s));
     std::optional<double> mean_batch;
     if (before) {
       if (const auto after = read_batch_counters(client.url()); after && after->first > before->first)
@@ -682,7 +723,8 @@ inline std::string http_table_row(double offered, const HttpCounts& c, std::opti
       for (std::size_t i = 0; i < sweep.points.size(); ++i)
         std::printf("%s\n", tools::detail::run_json(h.url, sweep.points[i].offered_rps, sweep.points[i].result, counts[i],
                                              batches[i], sweep.points[i].meets_slo,
-                                             sweep.saturation && *sweep.saturation == i)
+                                             sweep.saturation && *sweep.saturation == i, goodputs[i].first,
+                                             goodputs[i].second)
                                 .c_str());
     }
     const std::string lat = (std::filesystem::path(o.out) / "latency_vs_load.svg").string();
@@ -708,7 +750,13 @@ inline std::string http_table_row(double offered, const HttpCounts& c, std::opti
     std::fprintf(table_out, "%s\n\n%s%s\n%s%s", sub.c_str(), tailbatch::format_load_result(r).c_str(),
                  ("verdict: " + verdict).c_str(), tools::detail::http_table_header().c_str(),
                  tools::detail::http_table_row(r.offered_rps, c, mb).c_str());
-    if (o.json) std::printf("%s\n", tools::detail::run_json(h.url, r.offered_rps, r, c, mb, meets, std::nullopt).c_str());
+    if (!o.tenants.empty())
+      std::fputs(tailbatch_load::tenants_table(goodputs.back().second, o.slo_p95_ms).c_str(), table_out);
+    std::fprintf(table_out, "goodput (2xx within %g ms): %.1f requests/s\n", o.slo_p95_ms, goodputs.back().first);
+    if (o.json)
+      std::printf("%s\n", tools::detail::run_json(h.url, r.offered_rps, r, c, mb, meets, std::nullopt,
+                                                   goodputs.back().first, goodputs.back().second)
+                             .c_str());
     const std::string over = (std::filesystem::path(o.out) / "p95_over_time.svg").string();
     tailbatch::write_svg(over, tailbatch::latency_over_time_plot(r, o.slo_p95_ms, "Latency over time (HTTP)", sub));
     written.push_back(over);

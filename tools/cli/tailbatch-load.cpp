@@ -33,6 +33,10 @@
 #include <tailbatch/tools/load_generator.hpp>
 #include <tailbatch/tools/simulator.hpp>
 #include <tailbatch/tools/trace.hpp>
+#include <tailbatch/queue_policy.hpp>
+#include <tailbatch/tenants.hpp>
+
+#include "tenant_mix.hpp"  // --tenant-mix
 #ifdef TAILBATCH_LOAD_HTTP
 #include "http_load.hpp"  // --url: HTTP load (Boost.Beast/Asio)
 #endif
@@ -81,7 +85,32 @@ struct Options {
   std::string model = "sleep";
   std::string record;  // --record FILE: write the live run's trace
   std::string replay;  // --replay FILE: with --simulate, replay a trace
+  // Tenants (tenant_mix.hpp) and the queue's overload policy.
+  std::string tenant_mix;  // --tenant-mix a:300,b:50:2
+  std::vector<tailbatch_load::TenantSpec> tenants;  // parsed from it
+  std::string scheduling = "fifo";
+  std::string queue_policy = "reject-newest";
+  std::size_t tenant_max_queued = 0;  // --tenant-max-queued: every tenant's quota; 0: none
+  double request_timeout_ms = 0;      // --request-timeout-ms: each request's deadline; 0: none
 };
+
+// The Pipeline's tenants configuration for --tenant-mix and --scheduling: tenant i of the
+// mix is TenantId i + 1, with its weight.
+tailbatch::TenantsConfig tenants_config(const Options& o) {
+  tailbatch::TenantsConfig c;
+  c.scheduling = *tailbatch::parse_scheduling(o.scheduling);
+  c.defaults.max_queued = o.tenant_max_queued;
+  for (std::size_t i = 0; i < o.tenants.size(); ++i)
+    c.tenants.emplace_back(static_cast<tailbatch::TenantId>(i + 1),
+                           tailbatch::TenantQuota{o.tenants[i].weight, o.tenant_max_queued, 0});
+  return c;
+}
+
+tailbatch::QueuePolicyConfig queue_config(const Options& o) {
+  tailbatch::QueuePolicyConfig q;
+  q.policy = *tailbatch::parse_queue_policy(o.queue_policy);
+  return q;
+}
 
 // The batch policy a run uses, chosen at run time: a FixedWindow or an AdaptiveWindow
 // behind one type (tailbatch::PolicyVariant), so that one Pipeline instantiation serves
@@ -99,6 +128,8 @@ struct RunRecord {
   std::uint64_t errors = 0;
   double window_ms = -1;  // fixed and best-static only
   std::size_t max_batch = 0;
+  double goodput_rps = 0;  // ok within --slo-p95-ms, per second
+  std::vector<tailbatch_load::TenantRow> tenants;  // --tenant-mix
 };
 
 std::string to_json(const RunRecord& r) {
@@ -110,6 +141,8 @@ std::string to_json(const RunRecord& r) {
       r.errors);
   if (r.policy != "adaptive")
     out += fmt::format(", \"window_ms\": {}, \"max_batch\": {}", r.window_ms, r.max_batch);
+  out += fmt::format(", \"goodput_rps\": {:.3f}, \"tenants\": {}", r.goodput_rps,
+                     tailbatch_load::tenants_json(r.tenants));
   return out + "}";
 }
 
@@ -244,7 +277,36 @@ RunRecord record_of(const tailbatch::SimulationResult& s, const std::string& pol
   r.errors = s.arrivals - s.ok;
   r.window_ms = window_ms;
   r.max_batch = max_batch;
+  r.goodput_rps = s.goodput_rps;
   return r;
+}
+
+// The simulation's per-tenant results as --tenant-mix rows (tenant i is TenantId i + 1).
+std::vector<tailbatch_load::TenantRow> tenant_rows(const tailbatch::SimulationResult& s,
+                                                   const Options& o) {
+  std::vector<tailbatch_load::TenantRow> rows;
+  const double offered_s = std::max(o.duration_s - o.warmup_s, 1e-9);
+  const double window_s =
+      s.throughput_rps > 0 ? static_cast<double>(s.ok) / s.throughput_rps : offered_s;
+  for (std::size_t i = 0; i < o.tenants.size(); ++i) {
+    tailbatch_load::TenantRow row;
+    row.name = o.tenants[i].name;
+    for (const auto& t : s.tenants) {
+      if (t.tenant != i + 1) continue;
+      row.offered = t.arrivals;
+      row.ok = t.ok;
+      row.good = t.good;
+      row.errors = t.arrivals - t.ok;
+      row.offered_rps = static_cast<double>(t.arrivals) / offered_s;
+      row.achieved_rps = static_cast<double>(t.ok) / window_s;
+      row.goodput_rps = static_cast<double>(t.good) / window_s;
+      row.p50_ms = ms_of(t.p50);
+      row.p95_ms = ms_of(t.p95);
+      row.p99_ms = ms_of(t.p99);
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
 }
 
 RunRecord record_of(const tailbatch::LoadResult& l, const std::string& policy, double window_ms,
@@ -302,6 +364,15 @@ int run_simulated(const Options& o) {
     c.service_time = tailbatch::LinearCost{from_ms(o.base_ms), from_ms(o.per_item_ms)};
     c.network = from_ms(o.network_ms);
     c.queue_capacity = o.queue_capacity;
+    c.tenants = tenants_config(o);
+    c.queue = queue_config(o);
+    c.goodput_within = from_ms(o.slo_p95_ms);
+    c.request_timeout = from_ms(o.request_timeout_ms);
+    if (!o.tenants.empty()) {
+      c.tenant = [split = tailbatch_load::TenantSplit(o.tenants, o.seed)](std::uint64_t i) {
+        return static_cast<tailbatch::TenantId>(split.tenant_of(i) + 1);
+      };
+    }
     const AnyPolicy policy = make_policy(o, max_batch, window_ms);
     if (o.max_in_flight > 0) {
       tailbatch::ConcurrencyLimiter<tailbatch::StaticLimit, tailbatch::ManualClock> limiter(
@@ -369,7 +440,8 @@ int run_simulated(const Options& o) {
                              : parse_steps(o.steps, process);
     const auto warmup =
         from_s(o.warmup_s) < profile.duration() ? from_s(o.warmup_s) : nanoseconds(0);
-    const auto [sim, rec] = run_at(profile, warmup);
+    auto [sim, rec] = run_at(profile, warmup);
+    rec.tenants = tenant_rows(sim, o);
     if (o.json) {
       fmt::print("{}\n", to_json(rec));
     } else {
@@ -381,8 +453,11 @@ int run_simulated(const Options& o) {
           "mean batch {:.1f}; lanes busy {:.0f} % of the time; {:.1f} requests in flight on "
           "average (at most {})\n",
           sim.mean_batch_size, sim.lane_utilization * 100.0, sim.mean_in_flight, sim.max_in_flight);
-      fmt::print("p95 {} the SLO of {} ms\n", ms_of(sim.p95) <= o.slo_p95_ms ? "meets" : "misses",
-                 o.slo_p95_ms);
+      fmt::print("p95 {} the SLO of {} ms; goodput (ok within it) {:.1f} requests/s\n",
+                 ms_of(sim.p95) <= o.slo_p95_ms ? "meets" : "misses", o.slo_p95_ms,
+                 sim.goodput_rps);
+      if (!o.tenants.empty())
+        fmt::print("{}", tailbatch_load::tenants_table(rec.tenants, o.slo_p95_ms));
     }
   }
   if (!written.empty()) {
@@ -509,15 +584,38 @@ template <class PipelineT>
 int run(const Options& o, PipelineT& pipeline, tailbatch::TraceRecorder* recorder) {
   const auto process = o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant
                                                 : tailbatch::ArrivalProcess::poisson;
+  // Per-tenant (and, without --tenant-mix, whole-run) outcomes of the current run: replaced
+  // per run, held by each callback so that a late completion finds it alive.
+  const std::size_t tenant_count = std::max<std::size_t>(1, o.tenants.size());
+  const tailbatch_load::TenantSplit split(o.tenants, o.seed);
+  std::shared_ptr<tailbatch_load::TenantTally> tally;
+  auto new_tally = [&] {
+    tally = std::make_shared<tailbatch_load::TenantTally>(tenant_count, from_ms(o.slo_p95_ms));
+  };
+  new_tally();
   // Submits request i; with --record, notes when it was meant to go, went, and came back.
-  auto target = [&pipeline, recorder](std::uint64_t i, tailbatch::LoadCompletion done) {
+  auto target = [&pipeline, recorder, &tally, &split, &o](std::uint64_t i,
+                                                          tailbatch::LoadCompletion done) {
     if (recorder != nullptr)
       recorder->submitted(i, done.intended(), steady_clock::now(), done.measured());
-    pipeline.submit(Request{i}, [done, recorder, i](auto&& outcome) noexcept {
+    const std::size_t t = o.tenants.empty() ? 0 : split.tenant_of(i);
+    tailbatch::SubmitOptions so;
+    so.tenant = o.tenants.empty() ? 0 : static_cast<tailbatch::TenantId>(t + 1);
+    so.timeout = from_ms(o.request_timeout_ms);
+    pipeline.submit(Request{i}, so, [done, recorder, i, t, tal = tally](auto&& outcome) noexcept {
       const tailbatch::Status s = outcome.status();
       if (recorder != nullptr) recorder->completed(i, s, steady_clock::now());
+      if (done.measured()) tal->record(t, s, steady_clock::now() - done.intended());
       done(s);
     });
+  };
+  // The goodput and the tenants' rows of the run just ended.
+  auto finish_record = [&](RunRecord rec, const tailbatch::LoadResult& r) {
+    const double window_s = duration<double>(r.measured_window).count();
+    rec.goodput_rps = window_s > 0 ? static_cast<double>(tally->good()) / window_s : 0.0;
+    if (!o.tenants.empty())
+      rec.tenants = tally->rows(o.tenants, std::max(o.duration_s - o.warmup_s, 1e-9), window_s);
+    return rec;
   };
   tailbatch::LoadConfig base;
   base.warmup = from_s(o.warmup_s);
@@ -555,12 +653,14 @@ int run(const Options& o, PipelineT& pipeline, tailbatch::TraceRecorder* recorde
       const tailbatch::PipelineStats before = pipeline.stats();
       tailbatch::SweepPoint p;
       p.offered_rps = rates[i];
+      new_tally();
       p.result = tailbatch::run_load(one, target);
       p.verdict =
           tailbatch::tools::detail::sweep_verdict(p.result, o.slo_p95_ms, 0.01, p.meets_slo);
       if (o.json)
-        fmt::print("{}\n", to_json(record_of(p.result, o.policy, o.window_ms, o.max_batch,
-                                             mean_batch_since(before))));
+        fmt::print("{}\n", to_json(finish_record(record_of(p.result, o.policy, o.window_ms,
+                                                           o.max_batch, mean_batch_since(before)),
+                                                 p.result)));
       const bool met = p.meets_slo;
       sweep.points.push_back(std::move(p));
       if (met && (i == 0 || sweep.saturation == i - 1)) sweep.saturation = i;
@@ -601,13 +701,17 @@ int run(const Options& o, PipelineT& pipeline, tailbatch::TraceRecorder* recorde
       if (!f) throw std::runtime_error("--record: cannot write " + o.record);
       fmt::print(stderr, "trace: {}\n", o.record);
     }
+    const RunRecord rec = finish_record(
+        record_of(r, o.policy, o.window_ms, o.max_batch, mean_batch_since(before)), r);
     if (o.json) {
-      fmt::print("{}\n", to_json(record_of(r, o.policy, o.window_ms, o.max_batch,
-                                           mean_batch_since(before))));
+      fmt::print("{}\n", to_json(rec));
     } else {
       fmt::print("{}\n\n{}", subtitle(o), tailbatch::format_load_result(r));
-      fmt::print("p95 {} the SLO of {} ms\n", ms_of(r.p95) <= o.slo_p95_ms ? "meets" : "misses",
-                 o.slo_p95_ms);
+      fmt::print("p95 {} the SLO of {} ms; goodput (ok within it) {:.1f} requests/s\n",
+                 ms_of(r.p95) <= o.slo_p95_ms ? "meets" : "misses", o.slo_p95_ms,
+                 rec.goodput_rps);
+      if (!o.tenants.empty())
+        fmt::print("{}", tailbatch_load::tenants_table(rec.tenants, o.slo_p95_ms));
     }
     const std::string over = (std::filesystem::path(o.out) / "p95_over_time.svg").string();
     tailbatch::write_svg(
@@ -700,8 +804,35 @@ int main(int argc, char** argv) {
   auto* replay =
       app.add_option("--replay", o.replay,
                      "with --simulate: replay a trace written by --record, predicted vs measured");
+  auto* mix = app.add_option(
+      "--tenant-mix", o.tenant_mix,
+      "tenants offering load at once, NAME:RATE[:WEIGHT],..., e.g. a:300,b:50,c:50 (the run's "
+      "rate is their sum; each request's tenant is drawn by rate); reports each tenant's "
+      "p50/p95/p99 and goodput");
+  app.add_option("--scheduling", o.scheduling,
+                 "how the Pipeline picks the next request across tenants: fifo or fair (virtual "
+                 "counters, by weight); in-process and --simulate")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fifo", "fair"}));
+  app.add_option("--queue-policy", o.queue_policy,
+                 "the Pipeline queue under overload: reject-newest, shed-oldest, adaptive-lifo or "
+                 "codel; in-process and --simulate")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"reject-newest", "shed-oldest", "adaptive-lifo", "codel"}));
+  app.add_option("--tenant-max-queued", o.tenant_max_queued,
+                 "every tenant's quota of requests waiting in the queue (more: quota_exceeded, "
+                 "429); 0: none; in-process and --simulate")
+      ->capture_default_str()
+      ->check(count_check(0, 100000000));
+  app.add_option("--request-timeout-ms", o.request_timeout_ms,
+                 "each request's deadline, ms after its arrival (a client that gives up): not "
+                 "started by then, it completes deadline_exceeded; 0: none; in-process and "
+                 "--simulate")
+      ->capture_default_str()
+      ->check(non_negative);
   rate->excludes(sweep)->excludes(steps);
   sweep->excludes(steps);
+  mix->excludes(rate)->excludes(sweep)->excludes(steps);
 #ifdef TAILBATCH_LOAD_HTTP
   tailbatch_load_http::HttpCli http;
   app.add_option("--url", http.url,
@@ -753,7 +884,16 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  if (!*rate && !*sweep && !*steps) {
+  if (*mix) {
+    try {
+      o.tenants = tailbatch_load::parse_tenant_mix(o.tenant_mix);
+    } catch (const std::invalid_argument& e) {
+      fmt::print(stderr, "tailbatch-load: error: {}\n", e.what());
+      return 1;
+    }
+    o.rate = tailbatch_load::TenantSplit(o.tenants, o.seed).total_rate();
+  }
+  if (!*rate && !*sweep && !*steps && !*mix) {
     fmt::print(stderr,
                "tailbatch-load: error: give --rate, --sweep or --steps\nRun with --help for more "
                "information.\n");
@@ -777,7 +917,7 @@ int main(int argc, char** argv) {
         "tailbatch-load: error: --steps: empty; give RATE:SECONDS phases, as in 100:5,400:3\n");
     return 1;
   }
-  if (o.warmup_s >= o.duration_s && (*rate || *sweep)) {
+  if (o.warmup_s >= o.duration_s && (*rate || *sweep || *mix)) {
     fmt::print(stderr,
                "tailbatch-load: error: --warmup ({} s) must be shorter than --duration ({} s)\n",
                o.warmup_s, o.duration_s);
@@ -793,7 +933,7 @@ int main(int argc, char** argv) {
             "client)");
       tailbatch_load_http::CommonRun c{o.rate,     o.sweep,      std::nullopt, o.duration_s,
                                        o.warmup_s, o.slo_p95_ms, o.arrivals,   o.seed,
-                                       o.out,      o.quiet,      o.json};
+                                       o.out,      o.quiet,      o.json,       o.tenants};
       if (!o.steps.empty())
         c.steps =
             parse_steps(o.steps, o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant
@@ -830,6 +970,8 @@ int main(int argc, char** argv) {
     const LivePolicy policy(make_policy(o, o.max_batch, o.window_ms), recorder.get());
     tailbatch::PipelineConfig<Request> pc;
     pc.queue_capacity = o.queue_capacity;
+    pc.tenants = tenants_config(o);
+    pc.queue = queue_config(o);
     tailbatch::HostLanes lanes(o.lanes);
     if (o.max_in_flight > 0) {
       tailbatch::ConcurrencyLimiter<tailbatch::StaticLimit> limiter{

@@ -51,6 +51,10 @@
 #include <tailbatch/tools/load_profile.hpp>
 #include <tailbatch/outcome.hpp>
 #include <tailbatch/pipeline.hpp>
+#include <tailbatch/queue_policy.hpp>
+#include <tailbatch/tenants.hpp>
+
+#include <map>
 
 namespace tailbatch {
 
@@ -92,9 +96,29 @@ struct SimulationConfig {
   // holding no lane (delivering completions one after another, waking the caller).
   std::function<std::chrono::nanoseconds(std::size_t position)> completion_delay{};
   LatencyHistogramConfig histogram{};
+  // Tenants: the tenant of each request by index (unset: every request is the default
+  // tenant 0, and SimulationResult::tenants stays empty), and how the Pipeline shares
+  // between them (fair scheduling by virtual counters, per-tenant quotas).
+  std::function<TenantId(std::uint64_t index)> tenant{};
+  TenantsConfig tenants{};
+  // What the Pipeline's queue does under overload (reject newest, shed oldest, adaptive
+  // LIFO, CoDel).
+  QueuePolicyConfig queue{};
+  // An ok request whose latency is at most this counts toward goodput; 0: every ok one.
+  std::chrono::nanoseconds goodput_within{0};
   // The simulation's time. Share it (copies share one time) with a learning limiter that
   // is passed to simulate(), so that the limiter reads simulated time.
   ManualClock clock{};
+};
+
+// One tenant's share of a simulation (SimulationResult::tenants).
+struct SimulationTenantResult {
+  TenantId tenant = 0;
+  std::uint64_t arrivals = 0, ok = 0;
+  std::uint64_t good = 0;  // ok within SimulationConfig::goodput_within
+  std::uint64_t by_status[status_count] = {};
+  HistogramSnapshot latency;  // its ok requests
+  std::chrono::nanoseconds p50{0}, p95{0}, p99{0};
 };
 
 // What a simulation measured. Counts and latencies cover requests arriving after the
@@ -104,7 +128,12 @@ struct SimulationResult {
   std::uint64_t warmup_arrivals = 0;  // arrived during the warm-up: run, not counted
   std::uint64_t ok = 0;
   std::uint64_t by_status[5] = {0, 0, 0, 0, 0};           // indexed by Status
-  std::uint64_t rejected_by_reason[5] = {0, 0, 0, 0, 0};  // indexed by RejectReason
+  std::uint64_t rejected_by_reason[reject_reason_count] = {};  // indexed by RejectReason
+  std::uint64_t good = 0;     // ok within SimulationConfig::goodput_within
+  double goodput_rps = 0.0;   // good / the throughput's window
+  // With SimulationConfig::tenant set: one entry per tenant that had a measured request,
+  // by ascending id.
+  std::vector<SimulationTenantResult> tenants;
   HistogramSnapshot latency;  // ok requests: arrival to completion + network
   std::chrono::nanoseconds p50{0}, p95{0}, p99{0}, mean{0}, max{0};
   double offered_rps = 0.0;
@@ -435,6 +464,13 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
   PipelineConfig<tools::detail::SimRequest> pc;
   pc.queue_capacity = config.queue_capacity;
   pc.workers = 0;
+  pc.tenants = config.tenants;
+  pc.queue = config.queue;
+  struct PerTenant {
+    SimulationTenantResult r;
+    std::unique_ptr<LatencyHistogram> hist;
+  };
+  std::map<TenantId, PerTenant> per_tenant;
   if constexpr (detail::policy_uses_cost<Policy>()) {
     pc.request_cost = [&](const tools::detail::SimRequest& q) { return config.request_cost(q.index); };
   }
@@ -498,18 +534,41 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
       SubmitOptions so;
       if (config.request_timeout > nanoseconds::zero()) so.deadline = arrival + config.request_timeout;
       if (config.priority) so.priority = config.priority(index);
+      PerTenant* tenant = nullptr;
+      if (config.tenant) {
+        so.tenant = config.tenant(index);
+        if (measured) {
+          PerTenant& pt = per_tenant[so.tenant];
+          if (!pt.hist) {
+            pt.r.tenant = so.tenant;
+            pt.hist = std::make_unique<LatencyHistogram>(config.histogram);
+          }
+          ++pt.r.arrivals;
+          tenant = &pt;
+        }
+      }
       shared.current_arrival = arrival;
       account(now);
       pipeline.submit(tools::detail::SimRequest{index}, so,
-                      [&r, &hist, &last_completion, &config, counted_from, measured](
+                      [&r, &hist, &last_completion, &config, counted_from, measured, tenant](
                           Outcome<tools::detail::SimResponse>&& o) noexcept {
                         if (!measured) return;
                         ++r.by_status[static_cast<std::size_t>(o.status())];
+                        if (tenant != nullptr) ++tenant->r.by_status[static_cast<std::size_t>(o.status())];
                         if (o.status() == Status::rejected) ++r.rejected_by_reason[static_cast<std::size_t>(o.reason())];
                         if (!o.ok()) return;
                         const BatchTime done = o.value().finish;
                         last_completion = std::max(last_completion, done);
-                        hist.record(done - counted_from + config.network);
+                        const auto latency = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            done - counted_from + config.network);
+                        hist.record(latency);
+                        const bool good = config.goodput_within <= nanoseconds::zero() || latency <= config.goodput_within;
+                        if (good) ++r.good;
+                        if (tenant != nullptr) {
+                          ++tenant->r.ok;
+                          if (good) ++tenant->r.good;
+                          tenant->hist->record(latency);
+                        }
                       });
       ++index;
       next_arrival = next_of();
@@ -543,6 +602,18 @@ template <BatchPolicy Policy, AdmissionPolicy Admission>
   const BatchTime window_end = std::max(profile_end, last_completion);
   const double window_s = duration<double>(window_end - warm_end).count();
   r.throughput_rps = window_s > 0 ? static_cast<double>(r.ok) / window_s : 0.0;
+  r.goodput_rps = window_s > 0 ? static_cast<double>(r.good) / window_s : 0.0;
+  for (auto& [id, pt] : per_tenant) {
+    pt.r.latency = pt.hist->snapshot();
+    if (pt.r.latency.count() > 0) {
+      nanoseconds q[3];
+      pt.r.latency.percentiles(ps, q);
+      pt.r.p50 = q[0];
+      pt.r.p95 = q[1];
+      pt.r.p99 = q[2];
+    }
+    r.tenants.push_back(std::move(pt.r));
+  }
   r.batches = stats.batches();
   for (std::size_t i = 0; i < dispatch_reason_count; ++i) r.batches_by_reason[i] = stats.batches_by_reason[i];
   r.mean_batch_size = r.batches ? static_cast<double>(real_in_batches) / static_cast<double>(r.batches) : 0.0;
