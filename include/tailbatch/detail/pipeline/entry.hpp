@@ -84,9 +84,9 @@ struct alignas(pipeline_entry_align<Req, PipelineMeta<Resp, Ticket>, WithCost>) 
   [[no_unique_address]] CostField cost;
 
   PipelineEntry(Req&& r, Completion<Resp>&& d, BatchTime arrival, std::unique_ptr<CancelHook>&& h,
-                Ticket&& t, BatchTime dl, [[maybe_unused]] std::size_t c, TenantId tenant = 0)
+                Ticket&& t, BatchTime dl, [[maybe_unused]] std::size_t c, TenantId t_id = 0)
       : req(std::move(r)),
-        tenant(tenant),
+        tenant(t_id),
         meta{std::move(d), arrival, dl, std::move(h), std::move(t)} {
     if constexpr (WithCost) cost = c;
   }

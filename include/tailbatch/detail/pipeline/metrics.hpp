@@ -127,7 +127,7 @@ class TenantSeries {
     if (series_.size() >= top_) return nullptr;
     // Its rank in the sketch.
     std::size_t above = 0;
-    for (const auto& [id, c] : sketch_) above += c > it->second ? 1 : 0;
+    for (const auto& [id, c] : sketch_) above += c > it->second ? std::size_t{1} : std::size_t{0};
     if (above >= top_) return nullptr;
     const std::string label = name_ ? name_(t) : std::to_string(t);
     return &series_.emplace(t, make(label)).first->second;
