@@ -109,6 +109,18 @@
 
 namespace tailbatch {
 
+namespace detail {
+// The KV pool of a ContinuousBatcher over Token: KvBlockPool<Token>, or NoKvPool.
+template <class Token, bool = KvToken<Token>>
+struct KvPoolFor {
+  using type = NoKvPool;
+};
+template <class Token>
+struct KvPoolFor<Token, true> {
+  using type = KvBlockPool<Token>;
+};
+}  // namespace detail
+
 // The per-sequence state of an engine that keeps none in the batcher.
 struct NoSequenceState {};
 
