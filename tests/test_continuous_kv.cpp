@@ -274,6 +274,43 @@ TEST_CASE("grow: a lower-priority sequence is preempted before a newer one of hi
   CHECK(drain(*s2) == expected_tokens(2, 8));
 }
 
+TEST_CASE("a preempted sequence ends once when cancelled or out of time while it waits",
+          "[continuous_kv]") {
+  for (int way = 0; way < 2; ++way) {
+    Recorder rec;
+    auto cfg = kv_config(KvMode::grow, 4, 4);
+    cfg.kv.prefix_caching = false;
+    Batcher b(rec.fn(), cfg, rec.clock);
+    auto s1 = b.submit(req(4, 12, 1));
+    auto r2 = req(4, 12, 2);
+    r2.completion_deadline = rec.clock.now() + 9ms;
+    int ends = 0;
+    tailbatch::StreamCallbacks<int> cb;
+    std::vector<int> got;
+    cb.on_tokens = [&](std::span<const int> t) { got.insert(got.end(), t.begin(), t.end()); };
+    cb.on_end = [&](const tailbatch::StreamEnd&) { ++ends; };
+    auto s2 = b.submit(std::move(r2), SubmitOptions{}, std::move(cb));
+    // Both hold 1 block, then 2 (tokens 4-7), then need a third each: 2 is preempted.
+    for (int i = 0; i < 20 && b.stats().preemptions == 0; ++i) (void)b.poll();
+    REQUIRE(b.stats().preemptions == 1);
+    REQUIRE_FALSE(s2->closed());
+    if (way == 0) {
+      s2->cancel();
+    } else {
+      rec.clock.advance(10ms);  // past its completion_deadline
+    }
+    (void)b.poll();
+    REQUIRE(s2->closed());
+    CHECK(s2->end()->status == (way == 0 ? Status::cancelled : Status::deadline_exceeded));
+    CHECK(got == expected_tokens(2, got.size()));
+    run_all(b);
+    CHECK(ends == 1);
+    CHECK(drain(*s1) == expected_tokens(1, 12));
+    CHECK(b.stats().kv.used_blocks == 0);
+    CHECK(b.waiting_approx() == 0);
+  }
+}
+
 TEST_CASE("reserve: prompt + max_new_tokens are booked at admission and nothing is preempted",
           "[continuous_kv]") {
   Recorder rec;
