@@ -4,8 +4,9 @@
 #   bottom       detail/time.hpp, detail/math.hpp, detail/throw.hpp, detail/hash.hpp:
 #                time arithmetic, numeric helpers, the one throw point, hashing. They include
 #                no tailbatch header.
-#   vocabulary   clock.hpp, outcome.hpp, submit_options.hpp, version.hpp: the types every
-#                component speaks (Clock, Status, Outcome, SubmitOptions, Priority). They
+#   vocabulary   clock.hpp, outcome.hpp, submit_options.hpp, queue_policy.hpp, tenants.hpp,
+#                version.hpp: the types every component speaks (Clock, Status, Outcome,
+#                SubmitOptions, Priority, QueuePolicyConfig, TenantsConfig). They
 #                include the bottom and each other.
 #   machinery    detail/<owner>/*.hpp: the parts of one component (detail/pipeline/ the
 #                Pipeline's, detail/cache/ the ResultCache's, ...), and the other files
@@ -61,7 +62,7 @@ else()
 endif()
 
 set(_bottom detail/time.hpp detail/math.hpp detail/throw.hpp detail/hash.hpp)
-set(_vocabulary clock.hpp outcome.hpp submit_options.hpp version.hpp)
+set(_vocabulary clock.hpp outcome.hpp submit_options.hpp queue_policy.hpp tenants.hpp version.hpp)
 set(_umbrellas tailbatch.hpp cuda.hpp)
 # Machinery that uses another owner's: the registry's exposition (detail/metrics/) writes
 # the buckets of the histogram's layout (detail/histogram/), as metrics.hpp is built on

@@ -96,6 +96,14 @@ void drive_arrivals(const AdaptiveWindow& p, ManualClock& clock, std::size_t cou
 
 const LinearCost example1_cost{20ms, 3ms};
 
+// `count` arrivals `gap` apart (drive_arrivals), then Example 1's cost taught for every size
+// up to 64, `times` times, at the time they ended: a window under steady load with a model.
+void load_and_teach(const AdaptiveWindow& p, ManualClock& clock, std::size_t count,
+                    BatchDuration gap, int times = 4) {
+  drive_arrivals(p, clock, count, gap);
+  teach(p, example1_cost, 64, times, clock.now());
+}
+
 }  // namespace
 
 TEST_CASE("AdaptiveWindow: bad configuration names the field", "[adaptive]") {
@@ -248,16 +256,14 @@ TEST_CASE("AdaptiveWindow: plans a short window and small batches at light load,
           "[adaptive]") {
   ManualClock clock;
   const AdaptiveWindow light(config());
-  drive_arrivals(light, clock, 300, 40ms);  // 25 requests/s
-  teach(light, example1_cost, 64, 4, clock.now());
+  load_and_teach(light, clock, 300, 40ms);  // 25 requests/s
   const AdaptivePlan lp = light.plan();
   CHECK(lp.rate_rps == Approx(25.0).epsilon(0.05));
   CHECK(lp.batch <= 4);
   CHECK(lp.window <= 5ms);
 
   const AdaptiveWindow heavy(config());
-  drive_arrivals(heavy, clock, 3000, 2222us);  // 450 requests/s
-  teach(heavy, example1_cost, 64, 4, clock.now());
+  load_and_teach(heavy, clock, 3000, 2222us);  // 450 requests/s
   const AdaptivePlan hp = heavy.plan();
   CHECK(hp.rate_rps == Approx(450.0).epsilon(0.05));
   CHECK(hp.batch >= 12);
@@ -274,8 +280,7 @@ TEST_CASE("AdaptiveWindow: plans a short window and small batches at light load,
 TEST_CASE("AdaptiveWindow: decide follows the plan: target size, then window, then the SLO guard", "[adaptive]") {
   ManualClock clock;
   const AdaptiveWindow p(config());
-  drive_arrivals(p, clock, 2000, 3333us);  // 300 requests/s: a plan with a window and a size > 1
-  teach(p, example1_cost, 64, 4, clock.now());
+  load_and_teach(p, clock, 2000, 3333us);  // 300 requests/s: a plan with a window and a size > 1
   const AdaptivePlan plan = p.plan();
   REQUIRE(plan.batch >= 2);
   REQUIRE(plan.window > BatchDuration::zero());
@@ -310,8 +315,7 @@ TEST_CASE("AdaptiveWindow: with lanes idle, the lookahead sends a batch short of
   c.metrics = &registry;
   ManualClock clock;
   const AdaptiveWindow p(c);
-  drive_arrivals(p, clock, 2000, 3333us);  // 300 requests/s
-  teach(p, example1_cost, 64, 4, clock.now());
+  load_and_teach(p, clock, 2000, 3333us);  // 300 requests/s
   const AdaptivePlan plan = p.plan();
   REQUIRE(plan.batch >= 2);
   REQUIRE(plan.window > BatchDuration::zero());
@@ -355,8 +359,7 @@ TEST_CASE("AdaptiveWindow: never holds a request past what the SLO allows", "[ad
   ManualClock clock;
   // An SLO so tight that the plan's window would break it: 40 ms with batches of 20+ ms.
   const AdaptiveWindow p(config(40ms));
-  drive_arrivals(p, clock, 2000, 3333us);
-  teach(p, example1_cost, 64, 4, clock.now());
+  load_and_teach(p, clock, 2000, 3333us);
   const AdaptivePlan plan = p.plan();
   const auto one = queue_of(1, clock.now(), 1ms);
   const BatchDecision d = p.decide(view_of(one, clock.now()));
@@ -375,8 +378,7 @@ TEST_CASE("AdaptiveWindow: a backlog the target cannot drain within the SLO goes
           "[adaptive]") {
   ManualClock clock;
   const AdaptiveWindow gain(config(150ms, 64));
-  drive_arrivals(gain, clock, 2000, 10ms);  // 100 requests/s: a small target
-  teach(gain, example1_cost, 64, 16, clock.now());
+  load_and_teach(gain, clock, 2000, 10ms, 16);  // 100 requests/s: a small target
   const std::size_t target = gain.plan().batch;
   REQUIRE(target < 20);
   // Twice the target drains in time in batches of the target: the target goes.
@@ -407,8 +409,7 @@ TEST_CASE("AdaptiveWindow: a rise in load the plan has not caught up with: the t
           "[adaptive]") {
   ManualClock clock;
   const AdaptiveWindow p(config());
-  drive_arrivals(p, clock, 1500, 20ms);  // 50 requests/s
-  teach(p, example1_cost, 64, 16, clock.now());
+  load_and_teach(p, clock, 1500, 20ms, 16);  // 50 requests/s
   const AdaptivePlan low = p.plan();
   REQUIRE(low.rate_rps == Approx(50.0).epsilon(0.05));
   REQUIRE(low.batch < 8);
@@ -462,8 +463,7 @@ TEST_CASE("AdaptiveWindow: explains itself in metrics", "[adaptive][metrics]") {
   c.metric_labels = {{"pipeline", "demo"}};
   ManualClock clock;
   const AdaptiveWindow p(c);
-  drive_arrivals(p, clock, 1000, 5ms);
-  teach(p, example1_cost, 64, 4, clock.now());
+  load_and_teach(p, clock, 1000, 5ms);
   drive_arrivals(p, clock, 200, 5ms);
   const std::string text = registry.prometheus();
   auto value = [&](const std::string& series) {

@@ -52,6 +52,13 @@ TEST_CASE("Statuses and reasons have stable names", "[outcome]") {
   REQUIRE(tailbatch::to_string(RejectReason::overloaded) == "overloaded");
   REQUIRE(tailbatch::to_string(RejectReason::shutting_down) == "shutting_down");
   REQUIRE(tailbatch::to_string(RejectReason::too_large) == "too_large");
+  REQUIRE(tailbatch::to_string(RejectReason::quota_exceeded) == "quota_exceeded");
+  REQUIRE(tailbatch::to_string(RejectReason::shed) == "shed");
+  for (std::size_t i = 0; i < tailbatch::reject_reason_count; ++i) {
+    REQUIRE(tailbatch::to_string(static_cast<RejectReason>(i)) != "unknown");
+  }
+  REQUIRE(tailbatch::to_string(static_cast<RejectReason>(tailbatch::reject_reason_count)) == "unknown");
+  STATIC_REQUIRE(tailbatch::OutcomeCounts{}.rejected_by_reason.size() == tailbatch::reject_reason_count);
 }
 
 TEST_CASE("Cancellation tokens observe their source and run callbacks once", "[outcome]") {

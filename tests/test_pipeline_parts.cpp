@@ -173,8 +173,8 @@ TEST_CASE("PipelineCounters and ServiceRate", "[pipeline_parts]") {
   detail::OutcomeLedger ledger(t0);
   ledger.count(Status::rejected, RejectReason::queue_full, 2);
   ledger.count(Status::ok, RejectReason::none, 0);  // nothing
-  std::array<std::uint64_t, 5> by_status{};
-  std::array<std::uint64_t, 5> by_reason{};
+  std::array<std::uint64_t, tailbatch::status_count> by_status{};
+  std::array<std::uint64_t, tailbatch::reject_reason_count> by_reason{};
   ledger.fill(by_status, by_reason);
   CHECK(by_status[static_cast<std::size_t>(Status::rejected)] == 2);
   CHECK(by_reason[static_cast<std::size_t>(RejectReason::queue_full)] == 2);

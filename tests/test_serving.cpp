@@ -102,6 +102,9 @@ TEST_CASE("http_status maps every status and reject reason", "[serving]") {
   CHECK(http_status(Status::rejected, RejectReason::overloaded) == 503);
   CHECK(http_status(Status::rejected, RejectReason::shutting_down) == 503);
   CHECK(http_status(Status::rejected, RejectReason::none) == 503);
+  CHECK(http_status(Status::rejected, RejectReason::shed) == 503);
+  CHECK(http_status(Status::rejected, RejectReason::quota_exceeded) == 429);
+  static_assert(http_status(Status::rejected, RejectReason::quota_exceeded) == 429);
   CHECK(http_status(Status::deadline_exceeded) == 504);
   CHECK(http_status(Status::cancelled) == 499);
   CHECK(http_status(Status::failed) == 500);
@@ -137,6 +140,8 @@ TEST_CASE("retryable covers the capacity rejections only", "[serving]") {
   CHECK(retryable(Status::rejected, RejectReason::queue_full));
   CHECK(retryable(Status::rejected, RejectReason::overloaded));
   CHECK(retryable(Status::rejected, RejectReason::shutting_down));
+  CHECK(retryable(Status::rejected, RejectReason::shed));
+  CHECK(retryable(Status::rejected, RejectReason::quota_exceeded));
   CHECK_FALSE(retryable(Status::rejected, RejectReason::too_large));
   CHECK_FALSE(retryable(Status::failed, RejectReason::none));
   CHECK_FALSE(retryable(Status::deadline_exceeded, RejectReason::none));

@@ -31,11 +31,18 @@ void Server::count_response(std::string_view route, int code, SteadyTime arrival
   it->second->inc();
 }
 
+std::chrono::nanoseconds Server::classify_default_budget() const noexcept {
+  if (!opt_.default_timeout_from_slo) return std::chrono::milliseconds(opt_.default_timeout_ms);
+  return std::chrono::nanoseconds(slo_inputs_->wait_budget_ns.load(std::memory_order_relaxed));
+}
+
 std::optional<SteadyTime> Server::deadline_of(const std::shared_ptr<Connection>& c,
-                                              const http::request<http::string_body>& req) {
+                                              const http::request<http::string_body>& req,
+                                              bool classify) {
   const auto h = req.find(beast::string_view(tailbatch_serve::timeout_header.data(),
                                              tailbatch_serve::timeout_header.size()));
-  std::chrono::milliseconds budget(opt_.default_timeout_ms);
+  std::chrono::nanoseconds budget =
+      classify ? classify_default_budget() : std::chrono::milliseconds(opt_.default_timeout_ms);
   if (h != req.end()) {
     std::string error;
     auto t = tailbatch_serve::decode_timeout(std::string_view(h->value().data(), h->value().size()),
@@ -52,14 +59,41 @@ std::optional<SteadyTime> Server::deadline_of(const std::shared_ptr<Connection>&
   return c->context().arrival + budget;
 }
 
-bool Server::authorized(const http::request<http::string_body>& req) const {
-  if (opt_.api_key.empty()) return true;
+bool Server::authorize(const std::shared_ptr<Connection>& c,
+                       const http::request<http::string_body>& req) {
+  if (opt_.api_key.empty() && tenant_keys_.empty()) return true;
   const auto h = req.find(http::field::authorization);
   if (h == req.end()) return false;
   const std::string_view v(h->value().data(), h->value().size());
   constexpr std::string_view bearer = "Bearer ";
   if (v.size() < bearer.size() || !iequal(v.substr(0, bearer.size()), bearer)) return false;
-  return tailbatch_serve::constant_time_equal(v.substr(bearer.size()), opt_.api_key);
+  const std::string_view token = v.substr(bearer.size());
+  // Every key is compared (in constant time each), so that the time taken does not tell
+  // which key came close.
+  bool ok = !opt_.api_key.empty() && tailbatch_serve::constant_time_equal(token, opt_.api_key);
+  for (const TenantKey& k : tenant_keys_) {
+    if (tailbatch_serve::constant_time_equal(token, k.key)) {
+      ok = true;
+      c->context().key_tenant = k.tenant;
+    }
+  }
+  return ok;
+}
+
+tb::TenantId Server::tenant_of(const std::shared_ptr<Connection>& c,
+                               const http::request<http::string_body>& req, std::string_view user) {
+  if (c->context().key_tenant) return *c->context().key_tenant;
+  try {
+    if (!user.empty()) return tenant_names_.id(tailbatch_serve::loggable(user));
+    if (opt_.tenant_header) {
+      const auto h = req.find("x-tenant");
+      if (h != req.end() && !h->value().empty())
+        return tenant_names_.id(
+            tailbatch_serve::loggable(std::string_view(h->value().data(), h->value().size())));
+    }
+  } catch (const std::bad_alloc&) {
+  }
+  return 0;
 }
 
 namespace {
@@ -119,7 +153,7 @@ void Server::handle(const std::shared_ptr<Connection>& c, http::request<http::st
     return c->respond_error(404, "not_found", "no such route; see docs/serving.md for the routes");
   c->context().route = std::string(route->label);
   const bool api = target.starts_with("/v1/");
-  if (api && !authorized(req)) {
+  if (api && !authorize(c, req)) {
     return c->respond_error(401, "unauthorized",
                             "a valid API key is required: Authorization: Bearer <key>",
                             {{"WWW-Authenticate", "Bearer"}}, "", "invalid_api_key");
@@ -173,12 +207,22 @@ void Server::handle(const std::shared_ptr<Connection>& c, http::request<http::st
   return c->respond(503, draining() ? R"({"status":"draining"})" : R"({"status":"warming_up"})");
 }
 
+// A classic route's body, decoded by decode (decode_classify or decode_generate); else
+// nullopt, the request answered 400 with what is wrong.
+template <class Decode>
+auto decode_or_400(Connection& c, Decode decode, std::string_view body,
+                   const DecodeLimits& limits) {
+  std::string error;
+  auto decoded = decode(body, limits, error);
+  if (!decoded) c.respond_error(400, "bad_request", error);
+  return decoded;
+}
+
 void Server::classify(const std::shared_ptr<Connection>& c,
                       const http::request<http::string_body>& req) {
-  std::string error;
-  auto decoded = tailbatch_serve::decode_classify(req.body(), limits_, error);
-  if (!decoded) return c->respond_error(400, "bad_request", error);
-  const auto deadline = deadline_of(c, req);
+  auto decoded = decode_or_400(*c, tailbatch_serve::decode_classify, req.body(), limits_);
+  if (!decoded) return;
+  const auto deadline = deadline_of(c, req, true);
   if (!deadline) return;
   auto job = std::make_shared<Connection::ClassifyJob>();
   const std::size_t n = decoded->texts.size();
@@ -192,6 +236,7 @@ void Server::classify(const std::shared_ptr<Connection>& c,
   so.deadline = *deadline;
   so.arrival = c->context().arrival;  // queue wait and latency count from the headers' arrival
   so.cancel = job->cancel.get_token();
+  so.tenant = tenant_of(c, req);
   for (std::size_t i = 0; i < n; ++i) {
     pipeline_->submit(std::move(decoded->texts[i]), so, [job, i](tb::Outcome<ref::Prediction>&& o) {
       job->outcomes[i].emplace(std::move(o));
@@ -229,9 +274,8 @@ void post_flush(const std::shared_ptr<Connection::GenerateJob>& j) {
 
 void Server::generate(const std::shared_ptr<Connection>& c,
                       const http::request<http::string_body>& req) {
-  std::string error;
-  auto decoded = tailbatch_serve::decode_generate(req.body(), limits_, error);
-  if (!decoded) return c->respond_error(400, "bad_request", error);
+  auto decoded = decode_or_400(*c, tailbatch_serve::decode_generate, req.body(), limits_);
+  if (!decoded) return;
   const auto deadline = deadline_of(c, req);
   if (!deadline) return;
   Batcher::Request r;
@@ -249,6 +293,7 @@ void Server::generate(const std::shared_ptr<Connection>& c,
   tb::SubmitOptions so;
   so.deadline = *deadline;
   so.arrival = c->context().arrival;  // queue wait counts from the headers' arrival
+  so.tenant = tenant_of(c, req);
   auto job = std::make_shared<Connection::GenerateJob>();
   job->conn = c;
   job->stream = decoded->stream;
@@ -315,8 +360,9 @@ std::string Server::stats_json() {
                  tb::Status::cancelled, tb::Status::failed}) {
     by_status[std::string(tb::to_string(s))] = ps.count(s);
   }
-  for (auto r : {tb::RejectReason::queue_full, tb::RejectReason::overloaded,
-                 tb::RejectReason::shutting_down, tb::RejectReason::too_large}) {
+  for (auto r :
+       {tb::RejectReason::queue_full, tb::RejectReason::overloaded, tb::RejectReason::shutting_down,
+        tb::RejectReason::too_large, tb::RejectReason::quota_exceeded, tb::RejectReason::shed}) {
     rejections[std::string(tb::to_string(r))] = ps.count(r);
   }
   json j;
@@ -338,7 +384,9 @@ std::string Server::stats_json() {
                    {"rejections", rejections},
                    {"requests_per_s", classify_rate_.per_second(now)},
                    {"max_batch", opt_.max_batch},
-                   {"limit", opt_.limit},
+                   {"limit", opt_.limit_from_slo ? json("slo") : json(opt_.limit)},
+                   {"default_deadline_ms",
+                    std::chrono::duration<double, std::milli>(classify_default_budget()).count()},
                    {"limit_current", limiter_ ? limiter_->limit() : 0u},
                    {"dispatch_reasons", reasons}};
   j["generate"] = {{"latency_ms", pct(generate_latency_->snapshot())},

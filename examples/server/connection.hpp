@@ -20,6 +20,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::string request_id;  // x-request-id: the client's, or generated
     std::string method;      // for the log line
     std::string user;        // an OpenAI request's "user", logged
+    // The tenant its API key names (--api-keys); unset without such a key.
+    std::optional<tb::TenantId> key_tenant;
   };
 
   // A classify request in flight: one Pipeline submit per text.

@@ -10,14 +10,91 @@ namespace tailbatch_serve {
 
 ref::ClassifierConfig classifier_config() { return ref::ClassifierConfig{}; }
 
+// The classify limiter: --limit N's static limit, or (no --limit) the SLO's (SloLimit).
 std::unique_ptr<ServerAdmission::Limiter> make_limiter(const Options& o,
-                                                       tb::MetricsRegistry& registry) {
-  if (o.limit == 0) return nullptr;
+                                                       tb::MetricsRegistry& registry,
+                                                       std::shared_ptr<const SloInputs> inputs) {
+  if (!o.limit_from_slo && o.limit == 0) return nullptr;
   tb::ConcurrencyLimiterConfig lo;
   lo.queue_capacity = 0;
   lo.metrics = &registry;
   lo.metric_labels = {{"route", "classify"}};
-  return std::make_unique<ServerAdmission::Limiter>(tb::StaticLimit(o.limit), lo);
+  const std::size_t batch_slots = o.max_batch * o.lanes;
+  // At most what the queue holds and the lanes run (the queue refuses first then).
+  const auto floor = static_cast<std::uint32_t>(std::min<std::size_t>(2 * batch_slots, 1u << 20));
+  const auto ceiling = static_cast<std::uint32_t>(
+      std::min<std::size_t>(o.queue_capacity + 2 * batch_slots, tb::kMaxConcurrencyLimit));
+  return std::make_unique<ServerAdmission::Limiter>(
+      SloLimit(std::move(inputs), floor, ceiling,
+               o.limit_from_slo ? std::nullopt : std::optional<std::uint32_t>(o.limit)),
+      lo);
+}
+
+// The classify requests' wait budget when the client sets none: --default-timeout-ms, or
+// from the SLO. A request that starts by its deadline still has its batch to run and its
+// answer to write: the budget is the target less four full batches' time (the warm-up's
+// measurement, batch_time: a lane busy with the batch before, the request's own, and as
+// much again for the I/O thread and a loaded machine), at least two batches' time; 75 % of
+// the target while no batch has been timed.
+std::chrono::nanoseconds classify_wait_budget(const Options& o,
+                                              std::chrono::nanoseconds batch_time) {
+  const auto target = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double, std::milli>(o.slo_p95_ms));
+  if (batch_time <= std::chrono::nanoseconds::zero()) return target * 3 / 4;
+  return std::max(target - 4 * batch_time, 2 * batch_time);
+}
+
+// --api-keys FILE: one "KEY TENANT [WEIGHT [MAX_IN_FLIGHT]]" per line, '#' to the end of a
+// line a comment, blank lines skipped. Fills keys (each key once) and tenants (a tenant's
+// weight and quota, each tenant once; a tenant named on several lines must say the same).
+// Throws std::runtime_error naming the file and line for what it cannot read.
+void load_api_keys(const Options& o, tb::TenantNames& names, tb::TenantsConfig& tenants,
+                   std::vector<std::pair<std::string, tb::TenantId>>& keys) {
+  std::ifstream in(o.api_keys_file);
+  if (!in) throw std::runtime_error("--api-keys: cannot read " + o.api_keys_file);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const auto where = [&] {
+      return "--api-keys: " + o.api_keys_file + ":" + std::to_string(n) + ": ";
+    };
+    line = line.substr(0, line.find('#'));
+    std::istringstream fields(line);
+    std::string key, tenant, extra;
+    if (!(fields >> key)) continue;
+    tb::TenantQuota q = tenants.defaults;
+    if (!(fields >> tenant))
+      throw std::runtime_error(where() + "expected KEY TENANT [WEIGHT [MAX_IN_FLIGHT]]");
+    if (tenant != tailbatch_serve::loggable(tenant))
+      throw std::runtime_error(where() + "a tenant is 1 to 64 visible ASCII characters");
+    if (fields >> extra) {
+      char* end = nullptr;
+      q.weight = std::strtod(extra.c_str(), &end);
+      if (end == extra.c_str() || *end != '\0' || !std::isfinite(q.weight) || !(q.weight > 0.0))
+        throw std::runtime_error(where() + "the weight must be a number > 0, got " + extra);
+      if (fields >> extra) {
+        q.max_in_flight = static_cast<std::size_t>(std::strtoull(extra.c_str(), &end, 10));
+        if (end == extra.c_str() || *end != '\0' || extra.front() == '-')
+          throw std::runtime_error(where() + "MAX_IN_FLIGHT must be a whole number, got " + extra);
+      }
+    }
+    if (fields >> extra) throw std::runtime_error(where() + "more than four fields");
+    for (const auto& k : keys) {
+      if (k.first == key) throw std::runtime_error(where() + "this key is listed twice");
+    }
+    const tb::TenantId id = names.id(tenant);
+    if (id == names.other_id()) throw std::runtime_error(where() + "too many tenants");
+    bool listed = false;
+    for (const auto& [t, quota] : tenants.tenants) {
+      if (t != id) continue;
+      listed = true;
+      if (quota.weight != q.weight || quota.max_in_flight != q.max_in_flight)
+        throw std::runtime_error(where() + "tenant " + tenant +
+                                 " was given another weight or quota");
+    }
+    if (!listed) tenants.tenants.emplace_back(id, q);
+    keys.emplace_back(key, id);
+  }
+  if (keys.empty()) throw std::runtime_error("--api-keys: " + o.api_keys_file + " holds no key");
 }
 
 // Testing and demos: --model-delay-ms makes every classify batch slower, --fail-on-text
@@ -53,6 +130,7 @@ void Server::make_reference_embedder() {
   ec.drain_timeout = std::chrono::milliseconds(opt_.drain_timeout_ms);
   ec.metrics = &registry_;
   ec.metric_labels = {{"pipeline", "embed"}};
+  ec.tenants = tenants_;
   embed_pipeline_ = std::make_unique<EmbedPipeline>(
       [this](std::span<const std::string> texts, std::span<std::vector<float>> out,
              tb::HostLanes::Lane&) {
@@ -99,6 +177,7 @@ void Server::make_libtorch_embedder() {
                            .max_tokens = embed_max_tokens_ + 1});
   tb::PipelineConfig<tl::TokenizedText> ec = tl::encoder_pipeline_config(opt_.queue_capacity);
   ec.drain_timeout = std::chrono::milliseconds(opt_.drain_timeout_ms);
+  ec.tenants = tenants_;
   ec.metrics = &registry_;
   ec.metric_labels = {{"pipeline", "embed"}};
   torch_embed_ = std::make_unique<tl::EncoderPipeline>(
@@ -117,7 +196,7 @@ Server::Server(const Options& o)
       classifier_model_(classifier_),
       text_generator_(generator_),
       lanes_(o.lanes),
-      limiter_(make_limiter(o, registry_)),
+      limiter_(make_limiter(o, registry_, slo_inputs_)),
       admission_(limiter_.get()),
       batch_sizes_(o.max_batch),
       decode_batch_sizes_(o.gen_max_active),
@@ -135,8 +214,18 @@ Server::Server(const Options& o)
                  std::chrono::system_clock::now().time_since_epoch())
                  .count();
   id_salt_ = static_cast<unsigned>(std::random_device{}());
+  // Tenants: the scheduling, the default quota, the keys file's tenants.
+  tenants_.scheduling = *tb::parse_scheduling(o.scheduling);
+  tenants_.defaults.max_in_flight = o.tenant_max_in_flight;
+  if (!o.api_keys_file.empty()) {
+    std::vector<std::pair<std::string, tb::TenantId>> keys;
+    load_api_keys(o, tenant_names_, tenants_, keys);
+    for (auto& [key, id] : keys) tenant_keys_.push_back(TenantKey{std::move(key), id});
+  }
   tb::PipelineConfig<std::string> pc;
   pc.queue_capacity = o.queue_capacity;
+  pc.tenants = tenants_;
+  pc.queue.policy = *tb::parse_queue_policy(o.queue_policy);
   pc.drain_timeout = std::chrono::milliseconds(o.drain_timeout_ms);
   pc.check_admission_limit = false;  // a small --limit is how tests force rejections
   pc.metrics = &registry_;
@@ -156,6 +245,12 @@ Server::Server(const Options& o)
   pipeline_ = std::make_unique<ClassifyPipeline>(
       model, tb::FixedWindow(o.max_batch, std::chrono::microseconds(o.window_us)), pc, lanes_,
       admission_);
+  slo_inputs_->drain_rate = [p = pipeline_.get()] { return p->drain_rate_approx(); };
+  const std::chrono::nanoseconds wait =
+      o.default_timeout_from_slo || o.default_timeout_ms == 0
+          ? classify_wait_budget(o, {})
+          : std::chrono::nanoseconds(std::chrono::milliseconds(o.default_timeout_ms));
+  slo_inputs_->wait_budget_ns.store(wait.count(), std::memory_order_relaxed);
 
   tb::ContinuousBatcherConfig bc;
   bc.max_active = o.gen_max_active;
@@ -164,6 +259,7 @@ Server::Server(const Options& o)
   bc.drain_timeout = std::chrono::milliseconds(o.drain_timeout_ms);
   bc.metrics = &registry_;
   bc.metric_labels = {{"model", "generate"}};
+  bc.tenants = tenants_;
   bc.workers = 1;  // the decode thread, started here; it waits for work until run() accepts
   if (o.kv_blocks > 0) {
     bc.kv.mode = o.kv_mode == "reserve" ? tb::KvMode::reserve : tb::KvMode::grow;

@@ -24,8 +24,10 @@ struct Options {
   unsigned window_us = 2000;
   std::size_t lanes = 1;
   std::size_t queue_capacity = 4096;
-  unsigned limit = 256;
+  unsigned limit = 256;        // with --limit: a static ConcurrencyLimiter limit
+  bool limit_from_slo = true;  // no --limit: admission from the SLO (SloLimit, server.hpp)
   unsigned default_timeout_ms = 2000;
+  bool default_timeout_from_slo = true;  // no --default-timeout-ms: classify's comes from the SLO
   unsigned warmup_rounds = 2;
   unsigned drain_timeout_ms = 5000;
   unsigned stats_window_s = 60;
@@ -49,6 +51,13 @@ struct Options {
   std::string kv_mode = "grow";
 
   std::string api_key;  // --api-key / TAILBATCH_API_KEY; empty: open
+
+  // Tenants (docs/serving.md, "Tenants"): who a request is served for, and how they share.
+  std::string api_keys_file;        // --api-keys: "KEY TENANT [WEIGHT [MAX_IN_FLIGHT]]" per line
+  bool tenant_header = false;       // --tenant-header: X-Tenant names the tenant (after key, user)
+  std::string scheduling = "fair";  // --scheduling fair|fifo
+  std::string queue_policy = "reject-newest";  // --queue-policy (the classify queue)
+  std::size_t tenant_max_in_flight = 0;        // --tenant-max-in-flight: default quota; 0: none
   unsigned sse_keepalive_ms =
       10'000;  // a ": keep-alive" comment on a stream idle this long; 0: none
   double littles_law_interval_s = 10.0;  // the Pipeline's Little's-law check; 0: off
@@ -126,14 +135,16 @@ inline int parse_options(int argc, char** argv, Options& o) {
                  "Classify requests that may wait; more get 503 queue_full")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24))
       ->capture_default_str();
-  app.add_option(
-         "--limit", o.limit,
-         "ConcurrencyLimiter limit on classify requests admitted; beyond it 503 overloaded. "
-         "0 admits none (sheds all classify load)")
-      ->capture_default_str();
-  app.add_option("--default-timeout-ms", o.default_timeout_ms,
-                 "Deadline for requests without an X-Request-Timeout-Ms header (0: none)")
-      ->capture_default_str();
+  auto* limit = app.add_option(
+      "--limit", o.limit,
+      "A static ConcurrencyLimiter limit on classify requests admitted (queued and running); "
+      "beyond it 503 overloaded. 0 admits none (sheds all classify load). Default: from the "
+      "SLO, four times what the Pipeline serves (its drain rate) within the classify deadline");
+  auto* timeout = app.add_option(
+      "--default-timeout-ms", o.default_timeout_ms,
+      "Deadline for requests without an X-Request-Timeout-Ms header (0: none). Default: "
+      "2000 for generation; for classify, from --slo-p95-ms (the target less four "
+      "full batches' time, measured by the warm-up; 75 % of it until measured)");
   app.add_option("--warmup-rounds", o.warmup_rounds,
                  "Warm-up batches of each size before /readyz says ready")
       ->capture_default_str();
@@ -217,6 +228,30 @@ inline int parse_options(int argc, char** argv, Options& o) {
                  "/metrics, "
                  "/dashboard stay open. Without a key the server is open")
       ->envname("TAILBATCH_API_KEY");
+  // Tenants.
+  app.add_option("--api-keys", o.api_keys_file,
+                 "A keys file: one 'KEY TENANT [WEIGHT [MAX_IN_FLIGHT]]' per line ('#' starts a "
+                 "comment). Each key is accepted as 'Authorization: Bearer KEY' (with --api-key's, "
+                 "if any) and names its tenant, its fair-share weight (default 1) and its quota of "
+                 "requests in flight (default --tenant-max-in-flight)")
+      ->envname("TAILBATCH_API_KEYS");
+  app.add_flag("--tenant-header", o.tenant_header,
+               "A request's X-Tenant header names its tenant when neither its API key (--api-keys) "
+               "nor an OpenAI 'user' field does");
+  app.add_option("--scheduling", o.scheduling,
+                 "How the next request is chosen across tenants: fair (virtual token counters, "
+                 "by weight) or fifo")
+      ->check(CLI::IsMember({"fair", "fifo"}))
+      ->capture_default_str();
+  app.add_option("--queue-policy", o.queue_policy,
+                 "The classify queue under overload: reject-newest, shed-oldest, adaptive-lifo "
+                 "or codel (docs/pipeline.md)")
+      ->check(CLI::IsMember({"reject-newest", "shed-oldest", "adaptive-lifo", "codel"}))
+      ->capture_default_str();
+  app.add_option("--tenant-max-in-flight", o.tenant_max_in_flight,
+                 "Requests one tenant may have queued or running at once, per model; more get 429 "
+                 "with Retry-After (quota_exceeded). 0: no quota")
+      ->capture_default_str();
   app.add_option("--sse-keepalive-ms", o.sse_keepalive_ms,
                  "Send a ': keep-alive' comment on an event stream idle this long; 0: never")
       ->capture_default_str();
@@ -259,6 +294,8 @@ inline int parse_options(int argc, char** argv, Options& o) {
                  "With --embed-model libtorch: the encoder's weights (torch::save); default: the "
                  "file the build wrote (target libtorch_weights)");
   CLI11_PARSE(app, argc, argv);
+  o.limit_from_slo = limit->count() == 0;
+  o.default_timeout_from_slo = timeout->count() == 0;
   if (o.embed_model == "libtorch" && !built_with_libtorch) {
     std::fprintf(stderr,
                  "tailbatch-serve: --embed-model libtorch: this build has no libtorch "

@@ -52,11 +52,67 @@ class RateWindow {
   SteadyTime start_;
 };
 
-// The Pipeline's admission stage: the ConcurrencyLimiter, or (limit 0) nobody. Warm-up
+// What the classify admission reads from the rest of the server: the wait a request may
+// spend queued (its default deadline's budget) and the Pipeline's drain rate. Written at
+// start-up and by the warm-up thread, read by the limit algorithm. Thread-safe.
+struct SloInputs {
+  std::atomic<std::int64_t> wait_budget_ns{0};
+  std::function<double()> drain_rate;  // requests/s; set once, before any request
+};
+
+// The classify limit. With --limit N, N. Otherwise it comes from the SLO by Little's law: the
+// Pipeline serves drain rate x wait budget requests within the wait a request may spend
+// queued (its default deadline), and admits queue_budgets times that, queued and running
+// together; beyond it a request is refused at once, 503 overloaded. Why more than one budget's
+// worth: under a closed loop (each client sends again as soon as it is answered) a refusal at
+// the door comes straight back, and the retries take the processor from the model (measured
+// in docs/performance.md: 0.8x the goodput with one budget's worth); an admitted request that
+// cannot start by its deadline leaves the queue unexecuted at its deadline (504), which paces
+// such a client at one answer per budget, and what is served is still served within the
+// target. At least two full batches per lane slot, so that batches always fill; recomputed
+// once per sample window (50 ms). Copyable; not thread-safe (owned by one limiter).
+class SloLimit {
+ public:
+  static constexpr bool learns = true;
+  static constexpr double queue_budgets = 4.0;
+  SloLimit(std::shared_ptr<const SloInputs> inputs, std::uint32_t floor, std::uint32_t ceiling,
+           std::optional<std::uint32_t> fixed)
+      : inputs_(std::move(inputs)),
+        floor_(std::max<std::uint32_t>(1, floor)),
+        ceiling_(std::max(floor_, ceiling)),
+        fixed_(fixed),
+        limit_(fixed ? *fixed : ceiling_) {}  // until measured, the queue's capacity bounds it
+
+  [[nodiscard]] std::uint32_t limit() const noexcept { return limit_; }
+  [[nodiscard]] std::uint32_t max_limit() const noexcept { return fixed_ ? *fixed_ : ceiling_; }
+  [[nodiscard]] tb::WindowSpec next_window() const noexcept {
+    return {std::chrono::milliseconds(50), 1, false};
+  }
+  std::uint32_t on_window(const tb::LimitWindow&) noexcept {
+    if (fixed_) return limit_;
+    double rate = 0.0;
+    if (inputs_->drain_rate) rate = inputs_->drain_rate();
+    const double budget_s =
+        static_cast<double>(inputs_->wait_budget_ns.load(std::memory_order_relaxed)) / 1e9;
+    const double want = rate * budget_s * queue_budgets;
+    limit_ = static_cast<std::uint32_t>(std::clamp(std::isfinite(want) ? want : 0.0,
+                                                   static_cast<double>(floor_),
+                                                   static_cast<double>(ceiling_)));
+    return limit_;
+  }
+
+ private:
+  std::shared_ptr<const SloInputs> inputs_;
+  std::uint32_t floor_, ceiling_;
+  std::optional<std::uint32_t> fixed_;
+  std::uint32_t limit_;
+};
+
+// The Pipeline's admission stage: the ConcurrencyLimiter, or (--limit 0) nobody. Warm-up
 // batches pass without a permit, so that warming up works whatever the limit.
 class ServerAdmission {
  public:
-  using Limiter = tb::ConcurrencyLimiter<tb::StaticLimit>;
+  using Limiter = tb::ConcurrencyLimiter<SloLimit>;
   using Ticket = Limiter::Permit;
   explicit ServerAdmission(Limiter* limiter) noexcept : limiter_(limiter) {}
   [[nodiscard]] std::optional<Ticket> try_admit() noexcept {
@@ -143,13 +199,28 @@ class Server {
                    const http::request<http::string_body>& req, bool chat);
   void embeddings(const std::shared_ptr<Connection>& c,
                   const http::request<http::string_body>& req);
-  [[nodiscard]] bool authorized(const http::request<http::string_body>& req) const;
+  // Whether the request may use /v1/*: no key is configured, or its bearer token is
+  // --api-key's or one of --api-keys' (whose tenant it notes in the connection's context).
+  [[nodiscard]] bool authorize(const std::shared_ptr<Connection>& c,
+                               const http::request<http::string_body>& req);
+  // The tenant a request is served for: its API key's (--api-keys), else its OpenAI `user`
+  // field's, else (--tenant-header) its X-Tenant header's, else the default tenant 0. Names
+  // are interned (TenantNames: at most its capacity get an id of their own).
+  [[nodiscard]] tb::TenantId tenant_of(const std::shared_ptr<Connection>& c,
+                                       const http::request<http::string_body>& req,
+                                       std::string_view user = {});
   // The generation's end bound from X-Request-Timeout-Ms (none without the header).
   SteadyTime completion_deadline_of(const http::request<http::string_body>& req,
                                     SteadyTime arrival) const;
   std::string stats_json();
+  // A request's deadline: its X-Request-Timeout-Ms, else the default (classify: from the
+  // SLO unless --default-timeout-ms; others: --default-timeout-ms). Answers 400 and returns
+  // nullopt for a malformed header.
   std::optional<SteadyTime> deadline_of(const std::shared_ptr<Connection>& c,
-                                        const http::request<http::string_body>& req);
+                                        const http::request<http::string_body>& req,
+                                        bool classify = false);
+  // Classify's default wait budget (see deadline_of).
+  [[nodiscard]] std::chrono::nanoseconds classify_default_budget() const noexcept;
 
   Options opt_;
   tailbatch_serve::DecodeLimits limits_;
@@ -161,6 +232,17 @@ class Server {
   ref::TextGenerator text_generator_;
   ref::TextVocabulary vocab_;
   tb::HostLanes lanes_;
+  // Tenants: the keys of --api-keys with their tenants, the interned names, and the
+  // TenantsConfig every front door is built with (weights and quotas).
+  struct TenantKey {
+    std::string key;
+    tb::TenantId tenant = 0;
+  };
+  std::vector<TenantKey> tenant_keys_;
+  tb::TenantNames tenant_names_;
+  tb::TenantsConfig tenants_;
+  // The classify deadline's budget and the drain rate, for the limiter's SloLimit.
+  std::shared_ptr<SloInputs> slo_inputs_ = std::make_shared<SloInputs>();
   std::unique_ptr<ServerAdmission::Limiter> limiter_;  // null with --limit 0
   ServerAdmission admission_;
   std::unique_ptr<ClassifyPipeline> pipeline_;

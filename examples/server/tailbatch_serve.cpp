@@ -47,6 +47,7 @@
 #include <tailbatch/limit_algorithms.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/pipeline.hpp>
+#include <tailbatch/queue_policy.hpp>
 #include <tailbatch/reference/classifier.hpp>
 #include <tailbatch/reference/classifier_model.hpp>
 #include <tailbatch/reference/generator.hpp>
@@ -54,6 +55,7 @@
 #include <tailbatch/reference/text.hpp>
 #include <tailbatch/reference/tokenizer.hpp>
 #include <tailbatch/serving.hpp>
+#include <tailbatch/tenants.hpp>
 #include <tailbatch/warmup.hpp>
 
 #include "openai_protocol.hpp"
@@ -91,6 +93,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -99,6 +102,7 @@
 #include <optional>
 #include <random>
 #include <span>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -193,6 +197,15 @@ void Server::warm_up() {
         tb::warmup(*pipeline_, std::span<const std::string>(samples), timed);
     const double s = std::chrono::duration<double>(full.elapsed).count();
     if (full.ok() && s > 0.0) measured_capacity_rps_ = static_cast<double>(full.requests) / s;
+    // The classify deadline's budget from the SLO, now that a full batch is timed.
+    if (measured_capacity_rps_ > 0.0 && opt_.default_timeout_from_slo) {
+      const double batch_s =
+          static_cast<double>(opt_.max_batch * opt_.lanes) / measured_capacity_rps_;
+      const auto budget =
+          classify_wait_budget(opt_, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         std::chrono::duration<double>(batch_s)));
+      slo_inputs_->wait_budget_ns.store(budget.count(), std::memory_order_relaxed);
+    }
     // The generator: a few steps over a full decode batch.
     std::vector<std::shared_ptr<Batcher::Stream>> streams;
     for (std::size_t i = 0; i < opt_.gen_max_active; ++i) {
@@ -208,6 +221,15 @@ void Server::warm_up() {
   readiness_.set_ready(true);
   std::fprintf(stderr, "tailbatch-serve: warmed up (batch sizes 1..%zu, %u rounds each); ready\n",
                opt_.max_batch, opt_.warmup_rounds);
+  if (opt_.default_timeout_from_slo || opt_.limit_from_slo) {
+    std::fprintf(
+        stderr,
+        "tailbatch-serve: classify admission from the SLO (p95 %g ms): %s deadline %.1f ms, "
+        "limit %s\n",
+        opt_.slo_p95_ms, opt_.default_timeout_from_slo ? "default" : "--default-timeout-ms",
+        std::chrono::duration<double, std::milli>(classify_default_budget()).count(),
+        opt_.limit_from_slo ? "drain rate x deadline" : "--limit");
+  }
 }
 
 void Server::begin_drain() {
@@ -380,7 +402,7 @@ int Server::run() {
   const auto bound = acceptor_.local_endpoint();
   loopback_bind_ = address.is_loopback();
   // Bound beyond this machine without a key: anyone who reaches the port may use it; say so.
-  const bool open = !loopback_bind_ && opt_.api_key.empty();
+  const bool open = !loopback_bind_ && opt_.api_key.empty() && tenant_keys_.empty();
   std::printf("listening on %s:%u%s\n", bound.address().to_string().c_str(),
               static_cast<unsigned>(bound.port()),
               open ? " (open: no --api-key; anyone who reaches this address may call /v1/*)" : "");

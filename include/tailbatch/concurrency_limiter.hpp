@@ -84,7 +84,7 @@ using LimiterConfig [[deprecated("renamed ConcurrencyLimiterConfig")]] = Concurr
 // read with count(). A snapshot: each field is read on its own with a relaxed load, so
 // under concurrent use they may disagree by the calls in transit.
 struct ConcurrencyLimiterStats {
-  std::array<std::uint64_t, 5> rejected_by_reason{};  // indexed by RejectReason
+  std::array<std::uint64_t, reject_reason_count> rejected_by_reason{};  // indexed by RejectReason
   std::uint32_t limit = 0;          // the limit in force (0 after shutdown())
   std::uint32_t max_limit = 0;      // the largest limit the algorithm can set
   std::uint32_t in_flight = 0;      // permits held
@@ -718,11 +718,11 @@ class ConcurrencyLimiter {
   // Mirrors queued_count_ for queued_approx(); written under mu_.
   std::atomic<std::uint32_t> queued_{0};
 
-  alignas(64) std::array<std::atomic<std::uint64_t>, 5> rejections_{};
+  alignas(64) std::array<std::atomic<std::uint64_t>, reject_reason_count> rejections_{};
   std::atomic<std::uint64_t> windows_closed_{0};
   std::atomic<std::int64_t> retry_after_ns_{0};
   std::atomic<std::int64_t> last_window_rtt_ns_{0};
-  std::array<Counter*, 5> rejection_counters_{};
+  std::array<Counter*, reject_reason_count> rejection_counters_{};
 
   // The waiter queue: an intrusive list of stack-allocated waiters.
   std::mutex mu_;

@@ -92,6 +92,7 @@
 #include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/outcome_ledger.hpp>
 #include <tailbatch/detail/request_intake.hpp>
+#include <tailbatch/detail/tenant_quotas.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/detail/time.hpp>
 #include <tailbatch/kv_block_pool.hpp>
@@ -101,6 +102,7 @@
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/outcome.hpp>
 #include <tailbatch/submit_options.hpp>
+#include <tailbatch/tenants.hpp>
 #include <tailbatch/token_streamer.hpp>
 #include <thread>
 #include <type_traits>
@@ -200,6 +202,12 @@ struct ContinuousBatcherConfig {
   // registry must outlive the batcher.
   MetricsRegistry* metrics = nullptr;
   Labels metric_labels{};
+  // Tenants (tenants.hpp): fair scheduling of the waiting queue across tenants, and
+  // per-tenant quotas (max_queued: waiting sequences; max_in_flight: waiting + active).
+  TenantsConfig tenants{};
+  // Fair scheduling: a sequence costs its prompt tokens plus this many times its output
+  // tokens (generation is dearer per token than prefill). Finite and >= 0.
+  double output_token_cost = 2.0;
 };
 
 // What one ContinuousBatcher::poll() did (the counterpart of the Pipeline's PipelinePollResult).
@@ -324,6 +332,7 @@ class ContinuousBatcher {
       return std::span<const Token>(prompt_).first(prompt_size_);
     }
     [[nodiscard]] Priority priority() const noexcept { return priority_; }
+    [[nodiscard]] TenantId tenant() const noexcept { return tenant_; }
     [[nodiscard]] std::size_t max_new_tokens() const noexcept { return max_new_; }
     // The latest admission time (already met: the sequence is running). Never blocks.
     [[nodiscard]] time_point deadline() const noexcept { return deadline_; }
@@ -416,6 +425,8 @@ class ContinuousBatcher {
     std::size_t max_new_ = 0;
     State state_{};
     Priority priority_ = Priority::normal;
+    TenantId tenant_ = 0;
+    detail::CbatchKey key_{};  // its key in the waiting queue
     time_point deadline_{};
     time_point completion_deadline_{};
     time_point submitted_{};  // its arrival (SubmitOptions::arrival, else the submit)
@@ -483,6 +494,7 @@ class ContinuousBatcher {
       }
     }
     active_.reserve(config_.max_active);
+    if (config_.tenants.scheduling == Scheduling::fair) fair_.emplace(config_.tenants, config_.output_token_cost);
     if (config_.metrics) register_metrics(*config_.metrics);
     if (config_.workers.value_or(std::is_same_v<C, SteadyClock> ? 1 : 0) == 1) {
       started_ = true;
@@ -645,6 +657,9 @@ class ContinuousBatcher {
     if (c.drain_timeout < std::chrono::nanoseconds::zero())
       detail::throw_invalid_argument("ContinuousBatcher: drain_timeout must be >= 0");
     if (c.workers.value_or(0) > 1) detail::throw_invalid_argument("ContinuousBatcher: workers must be 0 or 1");
+    detail::validate_tenants(c.tenants, "ContinuousBatcher");
+    if (!(detail::is_finite(c.output_token_cost) && c.output_token_cost >= 0.0))
+      detail::throw_invalid_argument("ContinuousBatcher: output_token_cost must be finite and >= 0");
     // Surfaces bad default stream options now rather than at the first submit.
     c.stream.validate("ContinuousBatcher: stream.");
     return c;
@@ -711,6 +726,7 @@ class ContinuousBatcher {
     seq.max_new_ = request.max_new_tokens;
     seq.state_ = std::move(request.state);
     seq.priority_ = options.priority;
+    seq.tenant_ = options.tenant;
     seq.deadline_ = deadline;
     seq.completion_deadline_ = request.completion_deadline;
     seq.submitted_ = arrival;
@@ -718,7 +734,14 @@ class ContinuousBatcher {
     seq.stream_ = stream;
     seq.reserved_ = reserve;
 
+    if (quotas_.enabled()) {
+      if (auto no = quotas_.refusal(seq.tenant_, ledger_.service().rate())) {
+        complete(*stream, no->status, std::move(no->message), no->reason, no->retry_after);
+        return stream;
+      }
+    }
     RejectReason refused = RejectReason::none;
+    bool indexed = true;
     {
       std::lock_guard lock(mutex_);
       if (stopping_) {
@@ -732,12 +755,22 @@ class ContinuousBatcher {
                 std::chrono::duration_cast<std::chrono::nanoseconds>(arrival.time_since_epoch()).count(),
                 static_cast<int>(Priority::normal) - static_cast<int>(seq.priority_), config_.priority_step.count()),
             seq.id_};
+        seq.key_ = key;
+        const TenantId tenant = seq.tenant_;
         waiting_.emplace(key, std::move(seq));
-        waiting_count_.store(waiting_.size(), std::memory_order_relaxed);
-        ledger_.enter(as_batch_time(now), 1);
+        if (fair_ && detail::call_guarded([&] { fair_->added(tenant, key); }, [](const char*) {})) {
+          indexed = false;  // out of memory: not queued after all
+          waiting_.erase(key);
+        } else {
+          waiting_count_.store(waiting_.size(), std::memory_order_relaxed);
+          ledger_.enter(as_batch_time(now), 1);
+        }
       }
     }
-    if (refused == RejectReason::shutting_down) {
+    if (quotas_.enabled() && (refused != RejectReason::none || !indexed)) quotas_.release(options.tenant);
+    if (!indexed) {
+      complete(*stream, Status::failed, "ContinuousBatcher: out of memory");
+    } else if (refused == RejectReason::shutting_down) {
       complete(*stream, Status::rejected, "ContinuousBatcher: shutting down", refused);
     } else if (refused == RejectReason::queue_full) {
       complete(*stream, Status::rejected,
@@ -858,6 +891,7 @@ class ContinuousBatcher {
       for (auto it = waiting_.begin(); it != waiting_.end();) {
         if (stopping || must_drop(it->second, now)) {
           it->second.dropped_for_stop_ = stopping;
+          left_waiting_locked(it->second, false);
           dropped.push_back(std::move(it->second));
           it = waiting_.erase(it);
         } else {
@@ -892,9 +926,10 @@ class ContinuousBatcher {
         preempted_.erase(preempted_.begin());
       }
       while (!kv_full && !waiting_.empty() && active_.size() < config_.max_active) {
-        auto it = waiting_.begin();
+        auto it = next_waiting_locked();
         if (stopping || must_drop(it->second, now)) {
           it->second.dropped_for_stop_ = stopping;
+          left_waiting_locked(it->second, false);
           dropped.push_back(std::move(it->second));
           waiting_.erase(it);
           continue;
@@ -905,6 +940,7 @@ class ContinuousBatcher {
                              : !kv_admit(it->second))
           break;
         reserved += it->second.reserved_;
+        left_waiting_locked(it->second, true);
         it->second.admitted_at_ = now;
         active_.push_back(std::move(it->second));
         waiting_.erase(it);
@@ -1005,6 +1041,31 @@ class ContinuousBatcher {
     return report;
   }
 
+  // The waiting sequence to serve next (waiting_ not empty): the first in key order, or
+  // with fair scheduling the first of the tenant with the smallest counter. mutex_ held.
+  typename Waiting::iterator next_waiting_locked() noexcept {
+    if (!fair_) return waiting_.begin();
+    const auto key = fair_->next();
+    auto it = key ? waiting_.find(*key) : waiting_.end();
+    return it != waiting_.end() ? it : waiting_.begin();
+  }
+
+  // s leaves the waiting queue: admitted (charged its reservation, see CbatchFair), or
+  // dropped (completes without running). mutex_ held. Never throws.
+  void left_waiting_locked(const Sequence& s, bool admitted) noexcept {
+    if (fair_) {
+      fair_->removed(s.tenant_, s.key_);
+      if (admitted) fair_->charge(s.tenant_, fair_->cost(s.prompt_.size(), s.max_new_));
+    }
+    if (quotas_.enabled()) {
+      if (admitted) {
+        quotas_.dequeued(s.tenant_);
+      } else {
+        quotas_.release(s.tenant_);
+      }
+    }
+  }
+
   // True when a waiting sequence can no longer be admitted in time, or was cancelled.
   static bool must_drop(const Sequence& s, time_point now) noexcept {
     return s.stream_->cancel_requested() || now > s.deadline_ || now >= s.completion_deadline_;
@@ -1076,6 +1137,7 @@ class ContinuousBatcher {
     const time_point left = clock_.now();
     std::lock_guard lock(mutex_);
     for (const auto& seq : gone) {
+      settle_tenant_locked(seq);
       ledger_.leave(as_batch_time(left), 1, 1, as_batch_time(seq.admitted_at_),
                     std::chrono::duration_cast<BatchDuration>(
                         std::max(left - seq.queued_at_, duration::zero())));
@@ -1231,12 +1293,21 @@ class ContinuousBatcher {
     std::lock_guard lock(mutex_);
     for (const auto& s : active_) {
       if (!s.retired_) continue;
+      settle_tenant_locked(s);
       ledger_.leave(t, 1, 1, as_batch_time(s.admitted_at_),
                     std::chrono::duration_cast<BatchDuration>(std::max(now - s.queued_at_, duration::zero())));
     }
     std::erase_if(active_, [](const Sequence& s) { return s.retired_; });
     reserved_.fetch_sub(released, std::memory_order_relaxed);
     active_count_.store(active_.size(), std::memory_order_relaxed);
+  }
+
+  // A sequence that ran (or was admitted and preempted) ends: fair scheduling refunds the
+  // output tokens it reserved and did not generate; its tenant's quota counts it done.
+  // mutex_ held. Never throws.
+  void settle_tenant_locked(const Sequence& s) noexcept {
+    if (fair_ && s.generated_ < s.max_new_) fair_->charge(s.tenant_, -fair_->cost(0, s.max_new_ - s.generated_));
+    if (quotas_.enabled()) quotas_.done(s.tenant_);
   }
 
   void note_admissions(std::size_t n) noexcept { admitted_total_.fetch_add(n, std::memory_order_relaxed); }
@@ -1246,7 +1317,7 @@ class ContinuousBatcher {
     StreamMetrics streams{};
     bool enabled = false;
     Counter* by_status[5] = {};
-    Counter* rejected[5] = {};  // indexed by RejectReason
+    Counter* rejected[reject_reason_count] = {};  // indexed by RejectReason
     Counter* steps = nullptr;
     LatencyHistogram* step_seconds = nullptr;
     LatencyHistogram* queue_wait = nullptr;
@@ -1285,7 +1356,8 @@ class ContinuousBatcher {
           &r.counter("tailbatch_generation_sequences_total", "Sequences completed, by status",
                      with("status", to_string(s)));
     }
-    for (RejectReason why : {RejectReason::queue_full, RejectReason::shutting_down, RejectReason::too_large}) {
+    for (RejectReason why : {RejectReason::queue_full, RejectReason::shutting_down, RejectReason::too_large,
+                             RejectReason::quota_exceeded}) {
       metrics_.rejected[static_cast<std::size_t>(why)] =
           &r.counter("tailbatch_generation_rejected_total", "Sequences rejected, by reason",
                      with("reason", to_string(why)));
@@ -1338,6 +1410,8 @@ class ContinuousBatcher {
   mutable std::mutex mutex_;  // guards waiting_, stopping_, drain_deadline_, next_id_, active_'s size
   std::condition_variable cv_;
   Waiting waiting_;
+  std::optional<detail::CbatchFair> fair_;  // fair scheduling's index and counters (mutex_)
+  detail::TenantQuotas quotas_{config_.tenants};
   bool stopping_ = false;
   time_point drain_deadline_ = time_point::max();
   std::uint64_t next_id_ = 0;

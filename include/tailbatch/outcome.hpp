@@ -8,6 +8,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -35,7 +36,13 @@ enum class RejectReason : std::uint8_t {
   overloaded,     // the concurrency limiter refused admission
   shutting_down,  // the component is stopping and takes no new work
   too_large,      // the request alone exceeds a budget (token budget, batch size) and can never run
+  quota_exceeded,  // its tenant exceeded its own quota (max_queued, max_in_flight): retry after the hint
+  shed,            // queued, then dropped by the queue policy (shed-oldest, CoDel) to keep latency
 };
+
+// The number of Status and RejectReason values: the sizes of the arrays indexed by them.
+inline constexpr std::size_t status_count = 5;
+inline constexpr std::size_t reject_reason_count = 7;
 
 // A short, stable, lower-case name, as used in metrics labels ("deadline_exceeded").
 // Never allocates. Thread-safe.
@@ -69,6 +76,10 @@ enum class RejectReason : std::uint8_t {
       return "shutting_down";
     case RejectReason::too_large:
       return "too_large";
+    case RejectReason::quota_exceeded:
+      return "quota_exceeded";
+    case RejectReason::shed:
+      return "shed";
   }
   return "unknown";
 }
@@ -78,8 +89,8 @@ enum class RejectReason : std::uint8_t {
 // when rejected, by reason. A plain value. Thread-safety: as for any value type.
 struct OutcomeCounts {
   std::uint64_t submitted = 0;
-  std::array<std::uint64_t, 5> by_status{};           // indexed by Status
-  std::array<std::uint64_t, 5> rejected_by_reason{};  // indexed by RejectReason
+  std::array<std::uint64_t, status_count> by_status{};                  // indexed by Status
+  std::array<std::uint64_t, reject_reason_count> rejected_by_reason{};  // indexed by RejectReason
 
   // Requests completed with this status / rejected for this reason. Never blocks.
   [[nodiscard]] std::uint64_t count(Status s) const noexcept { return by_status[static_cast<std::size_t>(s)]; }
@@ -99,7 +110,7 @@ struct Error {
   Status status = Status::failed;
   RejectReason reason = RejectReason::none;
   std::string message;
-  // For Status::rejected with RejectReason::queue_full or overloaded: how long the caller
+  // For Status::rejected with RejectReason::queue_full, overloaded, quota_exceeded or shed: how long the caller
   // should wait before retrying, derived from the current drain rate. Zero when unknown.
   std::chrono::nanoseconds retry_after{0};
 };

@@ -84,6 +84,7 @@
 #include <tailbatch/detail/pipeline/validate.hpp>
 #include <tailbatch/detail/pipeline/batch_former.hpp>
 #include <tailbatch/detail/request_intake.hpp>
+#include <tailbatch/detail/tenant_quotas.hpp>
 #include <tailbatch/detail/outcome_ledger.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/lanes.hpp>
@@ -384,11 +385,13 @@ class Pipeline {
         owned_admission_(std::move(own_admission)),
         admission_(owned_admission_ ? owned_admission_.get() : admission),
         max_batch_(policy_.max_batch()),
-        shards_(config_.submit_shards, priority_levels * detail::policy_bucket_count(policy_), config_.queue_capacity),
+        shards_(config_.submit_shards, priority_levels * detail::policy_bucket_count(policy_),
+                config_.queue_capacity * (config_.queue.policy == QueuePolicy::shed_oldest ? 2 : 1)),
         former_(policy_, detail::policy_bucket_count(policy_), config_.starvation_limit,
                 lanes_ != nullptr ? lanes_->size() * lanes_->lane_capacity() : 1),
         ledger_(clock_.now()) {
     validate();
+    former_.configure(config_.tenants, config_.queue, config_.queue_capacity);
     total_slots_ = lanes_->size() * lanes_->lane_capacity();
     manual_batch_.reserve(max_batch_);
     metrics_ = config_.metrics.register_pipeline(
@@ -475,8 +478,15 @@ class Pipeline {
       bucket = std::min(policy_.bucket_of(cost), former_.staged().buckets() - 1);
     }
 
+    const TenantId tenant = options.tenant;
+    if (quotas_.enabled()) {
+      if (auto no = quotas_.refusal(tenant, counters_.drain_rate.load(std::memory_order_relaxed))) {
+        return complete_inline(done, std::move(*no));
+      }
+    }
     std::optional<Ticket> ticket = admission_->try_admit();
     if (!ticket) {
+      if (quotas_.enabled()) quotas_.release(tenant);
       return reject_inline(done, RejectReason::overloaded, "tailbatch: the admission policy refused the request",
                            retry_after_hint());
     }
@@ -492,7 +502,7 @@ class Pipeline {
           [](const char*) {});
       if (threw) {
         return finish_inline(done, std::move(*ticket), arrival,
-                             Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}});
+                             Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}}, nullptr, tenant);
       }
     }
 
@@ -506,7 +516,7 @@ class Pipeline {
         [&] {
           pushed = shards_.push(my_shard, sub, signal_.closing_flag(), now, [&](std::vector<Entry>& chunk) {
             const Entry& e = chunk.emplace_back(std::move(req), std::move(done), arrival, std::move(hook),
-                                                std::move(*ticket), deadline, cost);
+                                                std::move(*ticket), deadline, cost, tenant);
             // A stop that landed between the token check and now found nothing queued to
             // flag: flag it here, so the leader removes the request promptly.
             fired = e.meta.cancel != nullptr && e.meta.cancel->fired.load(std::memory_order_acquire);
@@ -515,7 +525,8 @@ class Pipeline {
         [](const char*) {});
     if (threw) {
       return finish_inline(done, std::move(*ticket), arrival,
-                           Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}}, std::move(hook));
+                           Error{Status::failed, RejectReason::none, "tailbatch: out of memory", {}}, std::move(hook),
+                           tenant);
     }
     if (pushed == Shards::Push::queued) {
       signal_.arrived(deadline, fired);
@@ -527,7 +538,7 @@ class Pipeline {
                   Error{Status::rejected, full ? RejectReason::queue_full : RejectReason::shutting_down,
                         full ? "tailbatch: the queue is full" : "tailbatch: the pipeline is shutting down",
                         full ? retry_after_hint() : std::chrono::nanoseconds{0}},
-                  std::move(hook));
+                  std::move(hook), tenant);
   }
 
   // A request whose cost no batch can hold.
@@ -587,8 +598,9 @@ class Pipeline {
 
   // A request admitted but never queued.
   void finish_inline(detail::Completion<Resp>& done, Ticket&& ticket, BatchTime arrival, Error&& e,
-                     std::unique_ptr<Hook> hook = nullptr) noexcept {
+                     std::unique_ptr<Hook> hook = nullptr, TenantId tenant = 0) noexcept {
     hook.reset();
+    if (quotas_.enabled()) quotas_.release(tenant);
     const Status s = e.status;
     count_inline(s, e.reason);
     const BatchTime end = clock_.now();
@@ -726,6 +738,7 @@ class Pipeline {
       }
       stage_ingested(now, cycles);
       if (cancels) former_.purge_cancelled(now, dead_sink());
+      former_.apply_queue_policy(now, dead_sink());
       if (closing && now >= drain_deadline) {
         reject_all_staged();
         publish_dequeued();
@@ -807,7 +820,7 @@ class Pipeline {
             }
           }
         }
-        detail::call_guarded([&] { former_.staged().add_chunk(s, chunk); },
+        detail::call_guarded([&] { former_.stage(s, chunk); },
                              [&](const char*) {
                                // Out of memory while staging: these requests fail rather than vanish.
                                for (Entry& e : chunk) {
@@ -850,7 +863,8 @@ class Pipeline {
   // pool at once, its completion waits in dead_ (see lead_step), or runs now if even that
   // small record cannot be allocated.
   auto dead_sink() noexcept {
-    return [this](Entry& e, Status why, BatchTime now) {
+    return [this](Entry& e, Status why, BatchTime now, RejectReason reason) {
+      if (quotas_.enabled()) quotas_.release(e.tenant);  // it completes without running
       publish_dequeued();
       const bool room = !detail::call_guarded(
           [&] {
@@ -858,37 +872,21 @@ class Pipeline {
           },
           [](const char*) {});
       if (room) {
-        dead_.push_back(Dead{std::move(e.meta), why, now});  // within capacity: no throw
+        dead_.push_back(Dead{std::move(e.meta), why, now, reason});  // within capacity: no throw
       } else {
-        complete_dead(e.meta, why, now);
+        complete_dead(e.meta, why, now, reason);
       }
     };
   }
 
   // Completes a request taken off the queue at `at` without running.
-  void complete_dead(Meta& m, Status why, BatchTime at) noexcept {
-    switch (why) {
-      case Status::cancelled:
-        complete_meta(m, Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}}, at, false, at);
-        break;
-      case Status::rejected:
-        complete_meta(m,
-                      Error{Status::rejected, RejectReason::shutting_down,
-                            "tailbatch: the pipeline shut down before the request could run", {}},
-                      at, false, at);
-        break;
-      default:
-        complete_meta(m,
-                      Error{Status::deadline_exceeded, RejectReason::none,
-                            "tailbatch: the deadline passed before the request could run", {}},
-                      at, false, at);
-        break;
-    }
+  void complete_dead(Meta& m, Status why, BatchTime at, RejectReason reason) noexcept {
+    complete_meta(m, detail::dead_request_error(why, reason, retry_after_hint()), at, false, at);
   }
 
   // Completes what the leader's turn took off the queue (under lead_mu_).
   void complete_dead() noexcept {
-    for (Dead& d : dead_) complete_dead(d.meta, d.why, d.at);
+    for (Dead& d : dead_) complete_dead(d.meta, d.why, d.at, d.reason);
     dead_.clear();
   }
 
@@ -914,7 +912,13 @@ class Pipeline {
     b.begin();
     // Within the reserved capacity, and Entry moves are expected not to throw: an
     // exception here terminates (this is noexcept) rather than lose a request.
-    former_.form(round, [&](Entry& e) { b.take(e); });  // leaves e gone
+    former_.form(round, [&](Entry& e) {
+      if (quotas_.enabled()) {
+        quotas_.dequeued(e.tenant);
+        b.tenants.push_back(e.tenant);  // within the reserved capacity
+      }
+      b.take(e);  // leaves e gone
+    });
     const std::size_t n = b.metas.size();
     b.pad_to(round.decision.padded_size);
     b.reason = round.decision.reason;
@@ -1019,7 +1023,8 @@ class Pipeline {
                     end, true, b.formed);
     }
     // What the leader took off the queue while forming this batch, now that it ran.
-    for (detail::DeadRequest<Meta>& d : b.dead) complete_dead(d.meta, d.why, d.at);
+    for (detail::DeadRequest<Meta>& d : b.dead) complete_dead(d.meta, d.why, d.at, d.reason);
+    for (TenantId t : b.tenants) quotas_.done(t);
     // The policy learns after the completions: its work never delays them.
     if constexpr (BatchFeedbackPolicy<Policy>) {
       if (n > 0) policy_.on_batch_executed(BatchFeedback{n, b.padded, elapsed(start, end), lane_index, start, threw, b.formed, b.reason});
@@ -1083,6 +1088,7 @@ class Pipeline {
   // Where every request's life ends: outcome counts, the load integrals and the
   // Little's-law check, the end-to-end histogram, the service rate (retry-after hint).
   detail::OutcomeLedger ledger_;
+  detail::TenantQuotas quotas_{config_.tenants};  // per-tenant max_queued / max_in_flight
 
   std::mutex shutdown_mu_;
   bool shut_down_ = false;

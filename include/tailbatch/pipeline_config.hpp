@@ -17,7 +17,9 @@
 #include <tailbatch/detail/pipeline/metrics.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/outcome.hpp>
+#include <tailbatch/queue_policy.hpp>
 #include <tailbatch/submit_options.hpp>
+#include <tailbatch/tenants.hpp>
 
 namespace tailbatch {
 
@@ -104,6 +106,13 @@ struct PipelineConfig {
   // several at once: it must be thread-safe, quick, and should not throw (what it throws
   // is dropped). Unset (the default): nothing is written anywhere.
   std::function<void(std::string_view)> log{};
+  // Tenants (tenants.hpp): fair scheduling across tenants, and per-tenant quotas
+  // (max_queued: requests waiting; max_in_flight: submitted and not yet completed).
+  // Fair scheduling charges each request's request_cost when set, else 1.
+  TenantsConfig tenants{};
+  // What the queue does under overload (queue_policy.hpp): reject the newest (the
+  // default), shed the oldest, adaptive LIFO or CoDel.
+  QueuePolicyConfig queue{};
 };
 
 // Counts since construction: the outcome counts every front door shares (OutcomeCounts,

@@ -18,13 +18,15 @@
 //   rejected / queue_full            503 Service Unavailable + Retry-After
 //   rejected / overloaded            503 Service Unavailable + Retry-After
 //   rejected / shutting_down         503 Service Unavailable (retry on another replica)
+//   rejected / shed                  503 Service Unavailable + Retry-After (dropped from the queue)
+//   rejected / quota_exceeded        429 Too Many Requests + Retry-After (this tenant's own quota)
 //   deadline_exceeded                504 Gateway Timeout
 //   cancelled                        499 Client Closed Request (nginx's code; the client left)
 //   failed                           500 Internal Server Error
 //
-// Overload is 503, not 429, everywhere: 429 tells a client that *it* sent too much (a
-// per-client quota), 503 that the server is short of capacity, which is what a full queue
-// or a shut limiter means; load balancers and retry libraries treat 503 + Retry-After as
+// Overload is 503, not 429: 429 tells a client that *it* sent too much (a per-tenant
+// quota, RejectReason::quota_exceeded), 503 that the server is short of capacity, which
+// is what a full queue, a shed request or a shut limiter means; load balancers and retry libraries treat 503 + Retry-After as
 // "try again later or elsewhere".
 //
 // SSE framing follows the HTML Living Standard's event-stream format: each event is a
@@ -62,7 +64,10 @@ namespace tailbatch {
       switch (r) {
         case RejectReason::too_large:
           return 413;
+        case RejectReason::quota_exceeded:
+          return 429;
         case RejectReason::queue_full:
+        case RejectReason::shed:
         case RejectReason::overloaded:
         case RejectReason::shutting_down:
         case RejectReason::none:
@@ -91,11 +96,13 @@ template <class T>
 // The HTTP status code for how a stream ended. Never allocates. Thread-safe.
 [[nodiscard]] constexpr int http_status(const StreamEnd& end) noexcept { return http_status(end.status, end.reason); }
 
-// True for the rejections a client may retry later (queue_full, overloaded, shutting_down):
-// the ones a response should carry a Retry-After header for. Never allocates. Thread-safe.
+// True for the rejections a client may retry later (queue_full, overloaded, shutting_down,
+// quota_exceeded, shed): the ones a response should carry a Retry-After header for. Never
+// allocates. Thread-safe.
 [[nodiscard]] constexpr bool retryable(Status s, RejectReason r) noexcept {
   return s == Status::rejected &&
-         (r == RejectReason::queue_full || r == RejectReason::overloaded || r == RejectReason::shutting_down);
+         (r == RejectReason::queue_full || r == RejectReason::overloaded || r == RejectReason::shutting_down ||
+          r == RejectReason::quota_exceeded || r == RejectReason::shed);
 }
 
 // The reason phrase for the codes http_status() returns ("Service Unavailable"; 499:

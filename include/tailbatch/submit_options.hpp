@@ -1,6 +1,6 @@
 // The per-request options both front doors take: Pipeline::submit and
 // ContinuousBatcher::submit read the same SubmitOptions (a latest start, a timeout, an
-// arrival time, a priority and a cancellation token), with the same meaning.
+// arrival time, a priority, a tenant and a cancellation token), with the same meaning.
 #pragma once
 
 #include <chrono>
@@ -35,6 +35,12 @@ inline constexpr std::size_t priority_levels = 3;
   return "unknown";
 }
 
+// A tenant: the client (or group of clients) a request is served for, a small number the
+// server chooses (TenantNames interns names into one). Fair scheduling shares the server
+// between tenants by their weights; quotas bound each one (TenantsConfig, tenants.hpp).
+// 0 is the default tenant, the one a request without a tenant belongs to.
+using TenantId = std::uint32_t;
+
 // Per-request options of Pipeline::submit and ContinuousBatcher::submit. A plain value;
 // copying it copies the cancellation token (a shared reference). Thread-safety: as for
 // any value type.
@@ -59,6 +65,9 @@ struct SubmitOptions {
   // submit. A time later than the submit counts as the submit.
   BatchTime arrival = BatchTime::min();
   Priority priority = Priority::normal;
+  // The tenant the request is served for (0: the default tenant). Read by fair scheduling
+  // and the per-tenant quotas (TenantsConfig); FIFO scheduling without quotas ignores it.
+  TenantId tenant = 0;
   // Stopping its source cancels the request: a queued request is removed and completes
   // with Status::cancelled; an executing one has its result discarded (Pipeline) or is
   // retired before the next step (ContinuousBatcher).

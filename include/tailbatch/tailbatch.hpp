@@ -24,6 +24,8 @@
 #include <tailbatch/adaptive_window.hpp>
 #include <tailbatch/policy_variant.hpp>
 #include <tailbatch/lanes.hpp>
+#include <tailbatch/queue_policy.hpp>
+#include <tailbatch/tenants.hpp>
 #include <tailbatch/pipeline_config.hpp>
 #include <tailbatch/pipeline.hpp>
 #include <tailbatch/token_streamer.hpp>

@@ -53,10 +53,10 @@ class OutcomeLedger {
   }
 
   // Copies the counts into a stats value's arrays (indexed by Status and RejectReason).
-  void fill(std::array<std::uint64_t, 5>& by_status,
-            std::array<std::uint64_t, 5>& rejected_by_reason) const noexcept {
-    for (std::size_t i = 0; i < 5; ++i) {
-      by_status[i] = by_status_[i].load(std::memory_order_relaxed);
+  void fill(std::array<std::uint64_t, status_count>& by_status,
+            std::array<std::uint64_t, reject_reason_count>& rejected_by_reason) const noexcept {
+    for (std::size_t i = 0; i < status_count; ++i) by_status[i] = by_status_[i].load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < reject_reason_count; ++i) {
       rejected_by_reason[i] = rejected_by_reason_[i].load(std::memory_order_relaxed);
     }
   }
@@ -128,8 +128,8 @@ class OutcomeLedger {
   [[nodiscard]] const ServiceRate& service() const noexcept { return service_; }
 
  private:
-  std::array<std::atomic<std::uint64_t>, 5> by_status_{};
-  std::array<std::atomic<std::uint64_t>, 5> rejected_by_reason_{};
+  std::array<std::atomic<std::uint64_t>, status_count> by_status_{};
+  std::array<std::atomic<std::uint64_t>, reject_reason_count> rejected_by_reason_{};
   LatencyHistogram* end_to_end_ = nullptr;
   OccupancyMeter load_;
   ServiceRate service_;

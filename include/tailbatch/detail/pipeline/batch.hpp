@@ -11,14 +11,15 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <concepts>
 #include <cstddef>
-#include <utility>
-#include <vector>
-
 #include <tailbatch/batch_window.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/outcome.hpp>
+#include <tailbatch/submit_options.hpp>
+#include <utility>
+#include <vector>
 
 namespace tailbatch::detail {
 
@@ -28,8 +29,34 @@ template <class Meta>
 struct DeadRequest {
   Meta meta;
   Status why = Status::deadline_exceeded;
-  BatchTime at{};  // when it was taken off
+  BatchTime at{};                            // when it was taken off
+  RejectReason reason = RejectReason::none;  // with Status::rejected: shed, else shutting_down
 };
+
+// The outcome of a request taken off the queue without running (see DeadRequest).
+// retry_after: the hint a shed request carries. Allocates the message: as on every path
+// that completes a request, an allocation failure here terminates.
+[[nodiscard]] inline Error dead_request_error(Status why, RejectReason reason,
+                                              std::chrono::nanoseconds retry_after) noexcept {
+  switch (why) {
+    case Status::cancelled:
+      return Error{Status::cancelled, RejectReason::none, "tailbatch: cancelled", {}};
+    case Status::rejected:
+      if (reason == RejectReason::shed) {
+        return Error{Status::rejected, RejectReason::shed, "tailbatch: shed by the queue policy",
+                     retry_after};
+      }
+      return Error{Status::rejected,
+                   RejectReason::shutting_down,
+                   "tailbatch: the pipeline shut down before the request could run",
+                   {}};
+    default:
+      return Error{Status::deadline_exceeded,
+                   RejectReason::none,
+                   "tailbatch: the deadline passed before the request could run",
+                   {}};
+  }
+}
 
 template <class Req, class Resp, class Meta>
 struct PipelineBatch {
@@ -53,9 +80,12 @@ struct PipelineBatch {
   // Requests the leader took off the queue while forming this batch, completed after its
   // model call (so that their callbacks never delay its start).
   std::vector<DeadRequest<Meta>> dead;
+  // With tenant quotas: the batch's requests' tenants, whose in-flight places its end frees.
+  std::vector<TenantId> tenants;
 
   // Reserves every vector for `most` requests. Throws std::bad_alloc.
   void reserve(std::size_t most) {
+    tenants.reserve(most);
     reqs.reserve(most);
     resps.reserve(most);
     metas.reserve(most);
@@ -67,6 +97,7 @@ struct PipelineBatch {
 
   // Empties the batch for the next one.
   void begin() noexcept {
+    tenants.clear();
     reqs.clear();
     resps.clear();
     metas.clear();
@@ -93,8 +124,11 @@ struct PipelineBatch {
     padded = n;
     if constexpr (std::copy_constructible<Req>) {
       if (want > n && n > 0) {
-        detail::call_guarded([&] { while (reqs.size() < want) reqs.push_back(reqs[n - 1]); },
-                             [&](const char*) { reqs.resize(n); });
+        detail::call_guarded(
+            [&] {
+              while (reqs.size() < want) reqs.push_back(reqs[n - 1]);
+            },
+            [&](const char*) { reqs.resize(n); });
         padded = reqs.size();
       }
     }
@@ -126,8 +160,11 @@ struct PipelineBatch {
     std::size_t size = kept;
     if constexpr (std::copy_constructible<Req>) {
       if (keep_padding && kept > 0) size = padded;
-      detail::call_guarded([&] { while (kept_reqs.size() < size) kept_reqs.push_back(kept_reqs[kept - 1]); },
-                           [&](const char*) { kept_reqs.resize(kept); });
+      detail::call_guarded(
+          [&] {
+            while (kept_reqs.size() < size) kept_reqs.push_back(kept_reqs[kept - 1]);
+          },
+          [&](const char*) { kept_reqs.resize(kept); });
       size = kept_reqs.size();
     }
     reqs.clear();

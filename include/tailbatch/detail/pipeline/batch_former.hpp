@@ -17,9 +17,26 @@
 //   static BatchTime arrival(const Entry&)
 //   static bool cancelled(const Entry&)
 //   static std::size_t cost(const Entry&)       its cost for the policy (1 if unused)
+//   static TenantId tenant(const Entry&)        optional: its tenant (0 without it)
 // A request that will not run is handed to the caller's `dead(Entry&, Status, BatchTime now)`
 // after it has been taken off the queue (Status::cancelled, deadline_exceeded, or
-// rejected from remove_all()); `dead` must leave the entry gone.
+// rejected from remove_all()); `dead` must leave the entry gone. A request the queue policy
+// sheds is handed as (Entry&, Status::rejected, now, RejectReason::shed) when `dead` takes
+// the fourth argument.
+//
+// Tenants and queue policies (configure()):
+// - Fair scheduling. Within each priority lane of a bucket, candidates come from the
+//   tenants in virtual-counter order (detail/virtual_counters.hpp), each tenant's own
+//   requests in arrival (or earliest-deadline) order; the former keeps, per sub-queue, one
+//   list of keys per tenant. A batch's requests are charged to their tenants' counters as
+//   it is formed (cost / weight). Priority lanes and the starvation rule come first:
+//   fairness orders requests within a priority class, never across classes.
+// - shed-oldest and CoDel drop (RejectReason::shed) through apply_queue_policy(), which
+//   the leader calls each turn after staging: the victim is the oldest request of the
+//   lowest non-empty priority class (with fair scheduling, of the tenant there that would
+//   be served last), so that overload is paid by the lowest class and the heaviest tenant.
+// - adaptive LIFO serves each sub-queue newest first while a queue has formed (more
+//   requests than one batch per lane slot, or the oldest has waited past codel_target).
 #pragma once
 
 #include <algorithm>
@@ -28,12 +45,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
-#include <vector>
-
 #include <tailbatch/batch_window.hpp>
+#include <tailbatch/detail/pipeline/queue_policy.hpp>
 #include <tailbatch/detail/pipeline/queue_staging.hpp>
+#include <tailbatch/detail/throw.hpp>
+#include <tailbatch/detail/virtual_counters.hpp>
 #include <tailbatch/outcome.hpp>
+#include <tailbatch/queue_policy.hpp>
+#include <tailbatch/tenants.hpp>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
 
 namespace tailbatch::detail {
 
@@ -46,9 +70,9 @@ class BatchFormer {
 
   // What decide() found.
   struct Round {
-    std::size_t bucket = npos;  // the bucket to dispatch from, or npos: wait
-    BatchDecision decision{};   // for that bucket
-    BatchDecision wait{};       // when waiting: the earliest reasons to decide again
+    std::size_t bucket = npos;   // the bucket to dispatch from, or npos: wait
+    BatchDecision decision{};    // for that bucket
+    BatchDecision wait{};        // when waiting: the earliest reasons to decide again
     std::size_t wake_delta = 1;  // arrivals that could change the decision
   };
 
@@ -65,6 +89,86 @@ class BatchFormer {
     for (View& v : views_) {
       v.candidates.reserve(max_batch_);
       v.picks.reserve(max_batch_);
+    }
+  }
+
+  // Sets the tenants' scheduling and the queue policy (both read until the former is
+  // destroyed: `tenants` must outlive it) and the queue's capacity (shed-oldest sheds down
+  // to it). Call before anything is staged. May allocate (std::bad_alloc).
+  void configure(const TenantsConfig& tenants, const QueuePolicyConfig& queue,
+                 std::size_t capacity) {
+    fair_ = tenants.scheduling == Scheduling::fair;
+    if (fair_) {
+      counters_.emplace(tenants);
+      lists_.resize(staged_.sub_count());
+    }
+    queue_ = queue;
+    capacity_ = capacity;
+    if (queue.policy == QueuePolicy::codel)
+      codel_.emplace(queue.codel_target, queue.codel_interval);
+  }
+
+  // Stages a chunk of entries (all of sub-queue s) in arrival order; with fair scheduling
+  // also indexes them by tenant. Throws std::bad_alloc with nothing changed but `entries`
+  // kept by the caller.
+  void stage(std::size_t s, std::vector<Entry>& entries) {
+    if (entries.empty()) return;
+    staged_.add_chunk(s, entries);
+    if (!fair_) return;
+    const std::uint64_t serial = staged_.last_serial(s);
+    std::vector<Entry>& chunk = staged_.chunk_entries(s, serial);
+    SubLists& sl = lists_[s];
+    std::size_t i = 0;
+    const bool ok = !call_guarded(
+        [&] {
+          for (; i < chunk.size(); ++i) {
+            const TenantId t = tenant_of(chunk[i]);
+            auto [it, fresh] = sl.index.try_emplace(t, sl.lists.size());
+            if (fresh) sl.lists.push_back(TenantList{t, {}, 0});
+            TenantList& l = sl.lists[it->second];
+            const Key key{Traits::deadline(chunk[i]), serial, i};
+            if (staged_.edf()) {
+              l.keys.insert(std::upper_bound(l.keys.begin() + static_cast<std::ptrdiff_t>(l.head),
+                                             l.keys.end(), key, key_less),
+                            key);
+            } else {
+              l.keys.push_back(key);
+            }
+            counters_->joined(t);
+          }
+          if (cursors_.capacity() < sl.lists.size()) cursors_.reserve(2 * sl.lists.size());
+        },
+        [](const char*) {});
+    // Out of memory while indexing: this sub-queue is served in arrival order until it
+    // empties (nothing is lost; fairness pauses there).
+    if (!ok) sl.unindexed = true;
+  }
+
+  // Fair scheduling's counters (nullptr with FIFO scheduling). Not thread-safe.
+  [[nodiscard]] const VirtualCounters* counters() const noexcept {
+    return counters_ ? &*counters_ : nullptr;
+  }
+  // Requests the queue policy shed since construction. Not thread-safe: the leader's.
+  [[nodiscard]] std::uint64_t shed() const noexcept { return shed_; }
+  // Whether the last decide() served newest first (adaptive LIFO). Not thread-safe.
+  [[nodiscard]] bool lifo() const noexcept { return lifo_; }
+
+  // Applies the queue policy at `now`: shed-oldest sheds down to the capacity; CoDel
+  // drops while its control law says so. Victims go to dead with RejectReason::shed.
+  // Never allocates. Not thread-safe: the leader's.
+  template <class Dead>
+  void apply_queue_policy(BatchTime now, Dead&& dead) noexcept {
+    if (queue_.policy == QueuePolicy::shed_oldest) {
+      while (staged_.size() > capacity_ && shed_one(now, dead)) {
+      }
+    } else if (codel_) {
+      for (;;) {
+        const bool small = staged_.size() <= max_batch_;
+        const BatchTime oldest = oldest_arrival();
+        const BatchDuration sojourn =
+            oldest == BatchTime::max() || now < oldest ? BatchDuration::zero() : now - oldest;
+        if (!codel_->should_drop(now, sojourn, small) || !shed_one(now, dead)) break;
+      }
     }
   }
 
@@ -110,7 +214,10 @@ class BatchFormer {
 
   // Drops gone entries from the front of every sub-queue. Never allocates.
   void compact_all() noexcept {
-    for (std::size_t s = 0; s < staged_.sub_count(); ++s) staged_.compact(s);
+    for (std::size_t s = 0; s < staged_.sub_count(); ++s) {
+      staged_.compact(s);
+      if (fair_) drop_empty_lists(s);
+    }
   }
 
   // Builds every non-empty bucket's view at `now`, completing dead requests on the way
@@ -119,7 +226,8 @@ class BatchFormer {
   // urgent wins: starving first, then priority, then order key, then arrival. Never
   // allocates. Not thread-safe: the leader's.
   template <class Dead>
-  [[nodiscard]] Round decide(BatchTime now, bool flush, std::size_t idle_lanes, Dead&& dead) noexcept {
+  [[nodiscard]] Round decide(BatchTime now, bool flush, std::size_t idle_lanes,
+                             Dead&& dead) noexcept {
     Round round;
     round.wait.decide_again_at = BatchTime::max();
     round.wait.decide_again_if_deadline_before = BatchTime::min();
@@ -137,20 +245,32 @@ class BatchFormer {
       }
     };
     Rank best{};
+    lifo_ = false;
+    if (queue_.policy == QueuePolicy::adaptive_lifo && staged_.size() > 0) {
+      const BatchTime oldest = oldest_arrival();
+      lifo_ = staged_.size() > max_batch_ * total_slots_ ||
+              (now > oldest && now - oldest > queue_.codel_target);
+    }
     for (std::size_t b = 0; b < staged_.buckets(); ++b) {
       if (staged_.live_in_bucket(b) == 0) continue;
       View& v = views_[b];
       const bool head_starving = build_view(b, now, v, dead);
       if (v.candidates.empty()) continue;
-      BatchView bv{std::span<const BatchCandidate>(v.candidates), staged_.live_in_bucket(b), now, flush, idle_lanes,
+      BatchView bv{std::span<const BatchCandidate>(v.candidates),
+                   staged_.live_in_bucket(b),
+                   now,
+                   flush,
+                   idle_lanes,
                    total_slots_};
       BatchDecision d = policy_->decide(bv);
       if (d.count > 0) {
         d.count = std::min(d.count, v.candidates.size());
         const Entry& head = staged_.at(v.picks.front());
-        const BatchTime key = policy_->order() == BatchOrder::earliest_deadline ? Traits::deadline(head) : BatchTime{};
-        const Rank r{head_starving ? 0 : 1, static_cast<int>(v.picks.front().sub % priority_levels), key,
-                     Traits::arrival(head)};
+        const BatchTime key = policy_->order() == BatchOrder::earliest_deadline
+                                  ? Traits::deadline(head)
+                                  : BatchTime{};
+        const Rank r{head_starving ? 0 : 1, static_cast<int>(v.picks.front().sub % priority_levels),
+                     key, Traits::arrival(head)};
         if (round.bucket == npos || r < best) {
           best = r;
           round.bucket = b;
@@ -180,6 +300,11 @@ class BatchFormer {
     const std::size_t count = std::min(round.decision.count, v.picks.size());
     for (std::size_t i = 0; i < count; ++i) {
       const Pick& p = v.picks[i];
+      if (fair_) {
+        const TenantId t = tenant_of(staged_.at(p));
+        counters_->charge(t, static_cast<double>(Traits::cost(staged_.at(p))));
+        counters_->left(t);
+      }
       take(staged_.at(p));
       staged_.removed(p);
     }
@@ -199,10 +324,235 @@ class BatchFormer {
   };
 
   template <class Dead>
-  void take_dead(Entry& e, const Pick& p, Status why, BatchTime now, Dead& dead) noexcept {
+  void take_dead(Entry& e, const Pick& p, Status why, BatchTime now, Dead& dead,
+                 RejectReason reason = RejectReason::none) noexcept {
+    if (fair_) counters_->left(tenant_of(e));
     staged_.removed(p);
     ++dequeued_;
-    dead(e, why, now);
+    if constexpr (std::is_invocable_v<Dead&, Entry&, Status, BatchTime, RejectReason>) {
+      dead(e, why, now, reason);
+    } else {
+      dead(e, why, now);
+    }
+  }
+
+  using Key = typename Staged::Key;
+
+  // One tenant's keys in one sub-queue, in service order from head (arrival, or earliest
+  // deadline). Keys of entries gone are skipped and dropped lazily.
+  struct TenantList {
+    TenantId tenant;
+    std::vector<Key> keys;
+    std::size_t head;
+  };
+  struct SubLists {
+    std::vector<TenantList> lists;
+    std::unordered_map<TenantId, std::size_t> index;  // tenant -> lists index
+    bool unindexed = false;                           // see stage()
+  };
+
+  static bool key_less(const Key& a, const Key& b) noexcept {
+    if (a.deadline != b.deadline) return a.deadline < b.deadline;
+    return a.serial != b.serial ? a.serial < b.serial : a.index < b.index;
+  }
+
+  static TenantId tenant_of(const Entry& e) noexcept {
+    if constexpr (requires { Traits::tenant(e); }) {
+      return Traits::tenant(e);
+    } else {
+      return 0;
+    }
+  }
+
+  // The earliest arrival among the heads of the sub-queues (with earliest-deadline order,
+  // among the most urgent of each). BatchTime::max() when empty.
+  BatchTime oldest_arrival() noexcept {
+    BatchTime oldest = BatchTime::max();
+    for (std::size_t s = 0; s < staged_.sub_count(); ++s) {
+      if (staged_.live_in_sub(s) == 0) continue;
+      if (const Entry* e = staged_.first(s)) oldest = std::min(oldest, Traits::arrival(*e));
+    }
+    return oldest;
+  }
+
+  // Drops list l's gone keys from both ends. Never allocates.
+  void trim(std::size_t s, TenantList& l) noexcept {
+    Pick p{};
+    while (l.head < l.keys.size() &&
+           !staged_.locate(s, l.keys[l.head].serial, l.keys[l.head].index, p))
+      ++l.head;
+    while (l.keys.size() > l.head &&
+           !staged_.locate(s, l.keys.back().serial, l.keys.back().index, p)) {
+      l.keys.pop_back();
+    }
+    if (l.head == l.keys.size()) {
+      l.keys.clear();
+      l.head = 0;
+    } else if (l.head >= 64 && 2 * l.head >= l.keys.size()) {
+      l.keys.erase(l.keys.begin(), l.keys.begin() + static_cast<std::ptrdiff_t>(l.head));
+      l.head = 0;
+    }
+  }
+
+  // Forgets sub-queue s's empty tenant lists. Never allocates.
+  void drop_empty_lists(std::size_t s) noexcept {
+    SubLists& sl = lists_[s];
+    for (std::size_t i = 0; i < sl.lists.size();) {
+      trim(s, sl.lists[i]);
+      if (!sl.lists[i].keys.empty()) {
+        ++i;
+        continue;
+      }
+      sl.index.erase(sl.lists[i].tenant);
+      if (i + 1 != sl.lists.size()) {
+        sl.lists[i] = std::move(sl.lists.back());
+        sl.index[sl.lists[i].tenant] = i;  // an existing key: no allocation
+      }
+      sl.lists.pop_back();
+    }
+    if (staged_.live_in_sub(s) == 0) sl.unindexed = false;
+  }
+
+  // Visits sub-queue s's live entries in service order: with fair scheduling by tenant
+  // (virtual counters, charged tentatively as f accepts entries), else by arrival (or
+  // deadline), newest first under adaptive LIFO. f as for StagedQueue::for_each.
+  template <class F>
+  void visit(std::size_t s, F&& f) {
+    if (!fair_ || lists_[s].unindexed) {
+      if (lifo_) {
+        staged_.for_each_reverse(s, f);
+      } else {
+        staged_.for_each(s, f);
+      }
+      return;
+    }
+    SubLists& sl = lists_[s];
+    const bool backwards = lifo_ && !staged_.edf();
+    cursors_.clear();
+    for (std::size_t i = 0; i < sl.lists.size() && cursors_.size() < cursors_.capacity(); ++i) {
+      TenantList& l = sl.lists[i];
+      trim(s, l);
+      if (l.keys.empty()) continue;
+      cursors_.push_back(Cursor{i,
+                                backwards ? l.keys.size() : l.head,
+                                counters_->counter(l.tenant),
+                                counters_->weight(l.tenant),
+                                {},
+                                nullptr});
+    }
+    // Each cursor's next live entry.
+    const auto advance = [&](Cursor& c) noexcept {
+      TenantList& l = sl.lists[c.list];
+      c.entry = nullptr;
+      if (backwards) {
+        while (c.at > l.head) {
+          --c.at;
+          if (staged_.locate(s, l.keys[c.at].serial, l.keys[c.at].index, c.pos)) {
+            c.entry = c.pos.entry;
+            return;
+          }
+        }
+      } else {
+        while (c.at < l.keys.size()) {
+          const Key& k = l.keys[c.at++];
+          if (staged_.locate(s, k.serial, k.index, c.pos)) {
+            c.entry = c.pos.entry;
+            return;
+          }
+        }
+      }
+    };
+    for (Cursor& c : cursors_) advance(c);
+    for (;;) {
+      Cursor* best = nullptr;
+      for (Cursor& c : cursors_) {
+        if (c.entry == nullptr) continue;
+        if (best == nullptr || c.counter < best->counter ||
+            (c.counter == best->counter &&
+             Traits::arrival(*c.entry) < Traits::arrival(*best->entry))) {
+          best = &c;
+        }
+      }
+      if (best == nullptr) return;
+      Entry& e = *best->entry;
+      const Pick p = best->pos;
+      const bool more = f(e, p);
+      if (!Traits::gone(e)) best->counter += static_cast<double>(Traits::cost(e)) / best->weight;
+      if (!more) return;
+      advance(*best);
+    }
+  }
+
+  // Sheds one request (see the file comment). false: nothing to shed.
+  template <class Dead>
+  bool shed_one(BatchTime now, Dead& dead) noexcept {
+    for (std::size_t lane = priority_levels; lane-- > 0;) {
+      Pick victim{};
+      bool found = false;
+      BatchTime best{};
+      const auto consider = [&](const Pick& p) noexcept {
+        const Entry& e = staged_.at(p);
+        const BatchTime k = staged_.edf() ? Traits::deadline(e) : Traits::arrival(e);
+        if (!found || k < best) {
+          best = k;
+          victim = p;
+          found = true;
+        }
+      };
+      if (fair_) {
+        // The tenant in this lane that would be served last, then its first request.
+        bool any = false;
+        TenantId heavy = 0;
+        double load = 0.0;
+        for (std::size_t b = 0; b < staged_.buckets(); ++b) {
+          const std::size_t s = staged_.sub_index(lane, b);
+          if (staged_.live_in_sub(s) == 0 || lists_[s].unindexed) continue;
+          for (TenantList& l : lists_[s].lists) {
+            trim(s, l);
+            if (l.keys.empty()) continue;
+            const double x =
+                counters_->counter(l.tenant) +
+                static_cast<double>(counters_->queued(l.tenant)) / counters_->weight(l.tenant);
+            if (!any || x > load || (x == load && l.tenant < heavy)) {
+              any = true;
+              load = x;
+              heavy = l.tenant;
+            }
+          }
+        }
+        for (std::size_t b = 0; any && b < staged_.buckets(); ++b) {
+          const std::size_t s = staged_.sub_index(lane, b);
+          if (staged_.live_in_sub(s) == 0 || lists_[s].unindexed) continue;
+          auto it = lists_[s].index.find(heavy);
+          if (it == lists_[s].index.end()) continue;
+          TenantList& l = lists_[s].lists[it->second];
+          Pick p{};
+          if (!l.keys.empty() && staged_.locate(s, l.keys[l.head].serial, l.keys[l.head].index, p))
+            consider(p);
+        }
+      }
+      if (!found) {
+        for (std::size_t b = 0; b < staged_.buckets(); ++b) {
+          const std::size_t s = staged_.sub_index(lane, b);
+          Pick p{};
+          if (staged_.live_in_sub(s) > 0 && staged_.first_pos(s, p)) consider(p);
+        }
+      }
+      if (!found) continue;
+      // A victim already past its deadline, or cancelled, ends as that: deadlines hold.
+      const Entry& v = staged_.at(victim);
+      if (now > Traits::deadline(v) || Traits::cancelled(v)) {
+        take_dead(staged_.at(victim), victim,
+                  Traits::cancelled(v) ? Status::cancelled : Status::deadline_exceeded, now, dead);
+      } else {
+        take_dead(staged_.at(victim), victim, Status::rejected, now, dead, RejectReason::shed);
+        ++shed_;
+      }
+      staged_.compact(victim.sub);
+      if (fair_) drop_empty_lists(victim.sub);
+      return true;
+    }
+    return false;
   }
 
   // Fills v with bucket b's candidates in service order. Returns whether the first one
@@ -229,9 +579,10 @@ class BatchFormer {
       const std::size_t s = staged_.sub_index(order[i], b);
       if (staged_.live_in_sub(s) == 0) continue;
       const auto priority = static_cast<Priority>(order[i]);
-      staged_.for_each(s, [&](Entry& e, const Pick& p) {
+      visit(s, [&](Entry& e, const Pick& p) {
         if (now > Traits::deadline(e)) {
-          take_dead(e, p, Traits::cancelled(e) ? Status::cancelled : Status::deadline_exceeded, now, dead);
+          take_dead(e, p, Traits::cancelled(e) ? Status::cancelled : Status::deadline_exceeded, now,
+                    dead);
           return true;
         }
         if (Traits::cancelled(e)) {
@@ -239,7 +590,8 @@ class BatchFormer {
           return true;
         }
         if (v.candidates.empty()) first_starving = i < starving;
-        v.candidates.push_back(BatchCandidate{Traits::arrival(e), Traits::deadline(e), Traits::cost(e), priority});
+        v.candidates.push_back(
+            BatchCandidate{Traits::arrival(e), Traits::deadline(e), Traits::cost(e), priority});
         v.picks.push_back(p);
         return v.candidates.size() < max_batch_;
       });
@@ -255,6 +607,15 @@ class BatchFormer {
     return e != nullptr && now - Traits::arrival(*e) >= starvation_limit_;
   }
 
+  struct Cursor {
+    std::size_t list;
+    std::size_t at;
+    double counter;
+    double weight;
+    Pick pos;
+    Entry* entry;
+  };
+
   Policy* policy_;
   std::size_t max_batch_;
   std::chrono::nanoseconds starvation_limit_;
@@ -262,6 +623,16 @@ class BatchFormer {
   Staged staged_;
   std::vector<View> views_;
   std::uint64_t dequeued_ = 0;
+  // Tenants and the queue policy (configure()).
+  bool fair_ = false;
+  std::optional<VirtualCounters> counters_;
+  std::vector<SubLists> lists_;  // index: sub-queue
+  std::vector<Cursor> cursors_;  // visit()'s scratch; capacity reserved by stage()
+  QueuePolicyConfig queue_{};
+  std::size_t capacity_ = std::numeric_limits<std::size_t>::max();
+  std::optional<CodelState> codel_;
+  std::uint64_t shed_ = 0;
+  bool lifo_ = false;
 };
 
 }  // namespace tailbatch::detail

@@ -14,11 +14,10 @@
 #include <memory>
 #include <optional>
 #include <stop_token>
-#include <type_traits>
-#include <utility>
-
 #include <tailbatch/detail/pipeline/completion.hpp>
 #include <tailbatch/submit_options.hpp>
+#include <type_traits>
+#include <utility>
 
 namespace tailbatch::detail {
 
@@ -47,7 +46,9 @@ struct PipelineMeta {
   std::unique_ptr<CancelHook> cancel;
   [[no_unique_address]] Ticket ticket;
 
-  [[nodiscard]] bool cancelled() const noexcept { return cancel && cancel->fired.load(std::memory_order_acquire); }
+  [[nodiscard]] bool cancelled() const noexcept {
+    return cancel && cancel->fired.load(std::memory_order_acquire);
+  }
 };
 
 struct NoCost {};
@@ -55,6 +56,7 @@ struct NoCost {};
 template <class Req, class Meta, bool WithCost>
 struct PipelineEntryFields {
   Req req;
+  TenantId tenant;
   Meta meta;
   [[no_unique_address]] std::conditional_t<WithCost, std::size_t, NoCost> cost;
 };
@@ -62,9 +64,10 @@ struct PipelineEntryFields {
 // One cache line per entry when it fits in one: submitters on different cores then never
 // write the same line, and the leader reads each entry with one miss.
 template <class Req, class Meta, bool WithCost>
-inline constexpr std::size_t pipeline_entry_align = sizeof(PipelineEntryFields<Req, Meta, WithCost>) <= 64
-                                                        ? 64
-                                                        : alignof(PipelineEntryFields<Req, Meta, WithCost>);
+inline constexpr std::size_t pipeline_entry_align =
+    sizeof(PipelineEntryFields<Req, Meta, WithCost>) <= 64
+        ? 64
+        : alignof(PipelineEntryFields<Req, Meta, WithCost>);
 
 // A queued request. Its priority and bucket are those of the sub-queue holding it. The
 // request's cost is stored only when WithCost (policies that read it).
@@ -74,12 +77,17 @@ struct alignas(pipeline_entry_align<Req, PipelineMeta<Resp, Ticket>, WithCost>) 
   using CostField = std::conditional_t<WithCost, std::size_t, NoCost>;
 
   Req req;
+  // Its tenant: beside the request, where a small request leaves padding before the meta,
+  // so that the entry stays one cache line.
+  TenantId tenant;
   Meta meta;
   [[no_unique_address]] CostField cost;
 
-  PipelineEntry(Req&& r, Completion<Resp>&& d, BatchTime arrival, std::unique_ptr<CancelHook>&& h, Ticket&& t,
-                BatchTime dl, [[maybe_unused]] std::size_t c)
-      : req(std::move(r)), meta{std::move(d), arrival, dl, std::move(h), std::move(t)} {
+  PipelineEntry(Req&& r, Completion<Resp>&& d, BatchTime arrival, std::unique_ptr<CancelHook>&& h,
+                Ticket&& t, BatchTime dl, [[maybe_unused]] std::size_t c, TenantId tenant = 0)
+      : req(std::move(r)),
+        tenant(tenant),
+        meta{std::move(d), arrival, dl, std::move(h), std::move(t)} {
     if constexpr (WithCost) cost = c;
   }
 
@@ -101,6 +109,7 @@ struct PipelineEntryTraits {
   static BatchTime arrival(const Entry& e) noexcept { return e.meta.arrival; }
   static bool cancelled(const Entry& e) noexcept { return e.meta.cancelled(); }
   static std::size_t cost(const Entry& e) noexcept { return e.cost_value(); }
+  static TenantId tenant(const Entry& e) noexcept { return e.tenant; }
 };
 
 }  // namespace tailbatch::detail

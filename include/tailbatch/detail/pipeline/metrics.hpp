@@ -32,16 +32,20 @@
 
 namespace tailbatch::detail {
 
-// The index of a (status, reason) pair among the eight outcome series.
+// The number of outcome series: ok, one per reject reason but none, and the three other statuses.
+inline constexpr std::size_t pipeline_outcome_count = 1 + (reject_reason_count - 1) + 3;
+
+// The index of a (status, reason) pair among the outcome series.
 [[nodiscard]] constexpr std::size_t pipeline_outcome_index(Status s, RejectReason r) noexcept {
+  constexpr std::size_t reasons = reject_reason_count - 1;
   switch (s) {
     case Status::ok: return 0;
-    case Status::rejected: return std::clamp<std::size_t>(static_cast<std::size_t>(r), 1, 4);
-    case Status::deadline_exceeded: return 5;
-    case Status::cancelled: return 6;
-    case Status::failed: return 7;
+    case Status::rejected: return std::clamp<std::size_t>(static_cast<std::size_t>(r), 1, reasons);
+    case Status::deadline_exceeded: return reasons + 1;
+    case Status::cancelled: return reasons + 2;
+    case Status::failed: return reasons + 3;
   }
-  return 7;
+  return reasons + 3;
 }
 
 // The Pipeline's registered metrics (owned by the Pipeline; the series by the registry).
@@ -51,7 +55,7 @@ struct PipelineMetrics {
   std::array<Counter*, dispatch_reason_count> dispatch{};
   std::vector<Counter*> by_size;  // index: bit_width(size - 1)
   Counter* batched = nullptr;
-  std::array<Counter*, 8> outcomes{};
+  std::array<Counter*, pipeline_outcome_count> outcomes{};
   Counter* callback_exceptions = nullptr;
   Counter* submitter_limited = nullptr;
   std::vector<CallbackRegistration> gauges;
@@ -151,12 +155,14 @@ struct PipelineGaugeSources {
     m->by_size.push_back(&r.counter("tailbatch_pipeline_batch_size_total", "Batches dispatched, by size class",
                                     join_labels(base, {{"size", label}})));
   }
-  static constexpr std::array<std::pair<Status, RejectReason>, 8> outcomes{{
+  static constexpr std::array<std::pair<Status, RejectReason>, pipeline_outcome_count> outcomes{{
       {Status::ok, RejectReason::none},
       {Status::rejected, RejectReason::queue_full},
       {Status::rejected, RejectReason::overloaded},
       {Status::rejected, RejectReason::shutting_down},
       {Status::rejected, RejectReason::too_large},
+      {Status::rejected, RejectReason::quota_exceeded},
+      {Status::rejected, RejectReason::shed},
       {Status::deadline_exceeded, RejectReason::none},
       {Status::cancelled, RejectReason::none},
       {Status::failed, RejectReason::none},

@@ -15,10 +15,9 @@
 #include <cstdint>
 #include <deque>
 #include <iterator>
+#include <tailbatch/batch_window.hpp>
 #include <utility>
 #include <vector>
-
-#include <tailbatch/batch_window.hpp>
 
 namespace tailbatch::detail {
 
@@ -59,14 +58,20 @@ class StagedQueue {
   };
 
   StagedQueue(std::size_t lanes, std::size_t buckets, BatchOrder order)
-      : lanes_(lanes), buckets_(buckets), edf_(order == BatchOrder::earliest_deadline), subs_(lanes * buckets),
+      : lanes_(lanes),
+        buckets_(buckets),
+        edf_(order == BatchOrder::earliest_deadline),
+        subs_(lanes * buckets),
         bucket_live_(buckets, 0) {}
 
   [[nodiscard]] std::size_t size() const noexcept { return live_; }
+  [[nodiscard]] bool edf() const noexcept { return edf_; }
   [[nodiscard]] std::size_t lanes() const noexcept { return lanes_; }
   [[nodiscard]] std::size_t buckets() const noexcept { return buckets_; }
   [[nodiscard]] std::size_t sub_count() const noexcept { return subs_.size(); }
-  [[nodiscard]] std::size_t live_in_bucket(std::size_t bucket) const noexcept { return bucket_live_[bucket]; }
+  [[nodiscard]] std::size_t live_in_bucket(std::size_t bucket) const noexcept {
+    return bucket_live_[bucket];
+  }
   [[nodiscard]] std::size_t live_in_sub(std::size_t sub) const noexcept { return subs_[sub].live; }
   [[nodiscard]] std::size_t sub_index(std::size_t lane, std::size_t bucket) const noexcept {
     return bucket * lanes_ + lane;
@@ -92,7 +97,8 @@ class StagedQueue {
       q.keys.reserve(std::max(2 * q.keys.capacity(), q.keys.size() + entries.size()));
     }
     // compact() recycles into the pool without allocating: room for every chunk.
-    if (pool_.capacity() < pool_.size() + chunks_ + 1) pool_.reserve(2 * (pool_.size() + chunks_ + 1));
+    if (pool_.capacity() < pool_.size() + chunks_ + 1)
+      pool_.reserve(2 * (pool_.size() + chunks_ + 1));
     q.chunks.emplace_back();
     ++chunks_;
     Chunk& c = q.chunks.back();
@@ -165,6 +171,56 @@ class StagedQueue {
     }
   }
 
+  // As for_each, newest first (adaptive LIFO). With earliest-deadline order, the deadline
+  // order still holds: the same as for_each.
+  template <class F>
+  void for_each_reverse(std::size_t s, F&& f) {
+    if (edf_) return for_each(s, f);
+    Sub& q = subs_[s];
+    const auto sub = static_cast<std::uint32_t>(s);
+    for (auto c = q.chunks.rbegin(); c != q.chunks.rend(); ++c) {
+      if (c->live == 0) continue;
+      Entry* const begin = c->entries.data() + c->head;
+      for (Entry* e = c->entries.data() + c->entries.size(); e != begin;) {
+        --e;
+        if (Traits::gone(*e)) continue;
+        if (!f(*e, Pos{e, &*c, sub})) return;
+      }
+    }
+  }
+
+  // The serial number of sub-queue s's newest chunk (valid after an add_chunk).
+  [[nodiscard]] std::uint64_t last_serial(std::size_t s) const noexcept {
+    return subs_[s].front_serial + subs_[s].chunks.size() - 1;
+  }
+  // The entries of the chunk with this serial number in sub-queue s.
+  [[nodiscard]] std::vector<Entry>& chunk_entries(std::size_t s, std::uint64_t serial) noexcept {
+    return subs_[s].chunks[static_cast<std::size_t>(serial - subs_[s].front_serial)].entries;
+  }
+  // Where the entry (serial, index) of sub-queue s is, if it is still live.
+  [[nodiscard]] bool locate(std::size_t s, std::uint64_t serial, std::size_t index,
+                            Pos& out) noexcept {
+    Sub& q = subs_[s];
+    if (serial < q.front_serial) return false;
+    const auto k = static_cast<std::size_t>(serial - q.front_serial);
+    if (k >= q.chunks.size()) return false;
+    Chunk& c = q.chunks[k];
+    if (index >= c.entries.size() || Traits::gone(c.entries[index])) return false;
+    out = Pos{&c.entries[index], &c, static_cast<std::uint32_t>(s)};
+    return true;
+  }
+  // The first live entry of sub-queue s and where it is; false when none.
+  [[nodiscard]] bool first_pos(std::size_t s, Pos& out) noexcept {
+    bool found = false;
+    if (subs_[s].live == 0) return found;
+    for_each(s, [&](Entry&, const Pos& p) {
+      out = p;
+      found = true;
+      return false;
+    });
+    return found;
+  }
+
   // The first live entry of sub-queue s, or nullptr.
   [[nodiscard]] Entry* first(std::size_t s) noexcept {
     Entry* out = nullptr;
@@ -207,7 +263,8 @@ class StagedQueue {
     while (q.key_head < q.keys.size()) {
       const Key& key = q.keys[q.key_head];
       if (key.serial >= q.front_serial &&
-          !Traits::gone(q.chunks[static_cast<std::size_t>(key.serial - q.front_serial)].entries[key.index])) {
+          !Traits::gone(
+              q.chunks[static_cast<std::size_t>(key.serial - q.front_serial)].entries[key.index])) {
         break;
       }
       ++q.key_head;

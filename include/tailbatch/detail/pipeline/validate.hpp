@@ -83,6 +83,13 @@ template <class C, class Req, class Policy, class Lanes, class Admission>
   if (config.submit_shards > submit_shards_max) {
     throw_invalid_argument("Pipeline: submit_shards must be at most 64 (0: automatic)");
   }
+  validate_tenants(config.tenants, "Pipeline");
+  if (config.queue.codel_target <= BatchDuration::zero()) {
+    throw_invalid_argument("Pipeline: queue.codel_target must be > 0");
+  }
+  if (config.queue.codel_interval <= config.queue.codel_target) {
+    throw_invalid_argument("Pipeline: queue.codel_target must be < queue.codel_interval");
+  }
   if (lanes->size() < 1) throw_invalid_argument("Pipeline: lanes must have size() >= 1");
   if (lanes->lane_capacity() < 1)
     throw_invalid_argument("Pipeline: lanes must have lane_capacity() >= 1");

@@ -1,0 +1,78 @@
+// Queue policies: what the Pipeline's bounded queue does under overload.
+//
+//   reject-newest  (the default) a full queue refuses the new request at submit
+//                  (rejected/queue_full); the queue is served oldest first.
+//   shed-oldest    a full queue drops its oldest queued request (rejected/shed) and takes
+//                  the new one: under overload the queue keeps the requests whose callers
+//                  are most likely still waiting.
+//   adaptive-lifo  oldest first while no queue has formed; once one has (the oldest
+//                  request has waited longer than codel_target, or more requests wait than
+//                  one batch holds), newest first, so that a backlog costs the old requests
+//                  rather than every request (Facebook's adaptive LIFO).
+//   codel          oldest first, and when the queue's minimum wait over each
+//                  codel_interval stays above codel_target, requests are dropped
+//                  (rejected/shed) as they leave the queue, at the control law's
+//                  shrinking spacing (interval / sqrt(drops)), until the wait falls back
+//                  below target (Nichols and Jacobson's CoDel, as folly's CoDel applies it
+//                  to request queues).
+//
+// Priorities, deadlines and fair scheduling between tenants hold under every policy; the
+// policy orders and drops within what they leave. docs/pipeline.md says when to use which.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <tailbatch/submit_options.hpp>
+
+namespace tailbatch {
+
+// The Pipeline queue's overload policy (see the file comment).
+enum class QueuePolicy : std::uint8_t { reject_newest, shed_oldest, adaptive_lifo, codel };
+
+// A short, stable, lower-case name, as on a command line ("shed-oldest"). Never allocates.
+// Thread-safe.
+[[nodiscard]] constexpr std::string_view to_string(QueuePolicy p) noexcept {
+  switch (p) {
+    case QueuePolicy::reject_newest:
+      return "reject-newest";
+    case QueuePolicy::shed_oldest:
+      return "shed-oldest";
+    case QueuePolicy::adaptive_lifo:
+      return "adaptive-lifo";
+    case QueuePolicy::codel:
+      return "codel";
+  }
+  return "unknown";
+}
+
+// The policy named by to_string()'s name (or the same with '_' for '-'); nullopt for any
+// other text. Never allocates. Thread-safe.
+[[nodiscard]] constexpr std::optional<QueuePolicy> parse_queue_policy(
+    std::string_view name) noexcept {
+  for (QueuePolicy p : {QueuePolicy::reject_newest, QueuePolicy::shed_oldest,
+                        QueuePolicy::adaptive_lifo, QueuePolicy::codel}) {
+    const std::string_view want = to_string(p);
+    if (name.size() != want.size()) continue;
+    bool same = true;
+    for (std::size_t i = 0; i < name.size() && same; ++i) {
+      const char c = name[i] == '_' ? '-' : name[i];
+      same = c == want[i];
+    }
+    if (same) return p;
+  }
+  return std::nullopt;
+}
+
+// PipelineConfig::queue. A plain value. Thread-safety: as for any value type.
+struct QueuePolicyConfig {
+  QueuePolicy policy = QueuePolicy::reject_newest;
+  // CoDel: the queue wait it keeps the minimum below, and the window over which the
+  // minimum is taken (folly's defaults). adaptive-lifo reads codel_target as the wait
+  // past which a queue has formed. Both > 0, target < interval.
+  BatchDuration codel_target = std::chrono::milliseconds(5);
+  BatchDuration codel_interval = std::chrono::milliseconds(100);
+};
+
+}  // namespace tailbatch

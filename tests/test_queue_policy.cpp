@@ -1,0 +1,263 @@
+// Queue policies: names, parsing, validation, and each policy's order and drops in the
+// Pipeline on the manual clock (reject-newest, shed-oldest, adaptive LIFO, CoDel).
+#include <tailbatch/queue_policy.hpp>
+
+#include "tailbatch_test.hpp"
+
+using tailbatch::QueuePolicy;
+using tailbatch::QueuePolicyConfig;
+
+TEST_CASE("QueuePolicy names round-trip", "[queue_policy]") {
+  for (QueuePolicy p : {QueuePolicy::reject_newest, QueuePolicy::shed_oldest,
+                        QueuePolicy::adaptive_lifo, QueuePolicy::codel}) {
+    REQUIRE(tailbatch::parse_queue_policy(tailbatch::to_string(p)) == p);
+  }
+  STATIC_REQUIRE(tailbatch::to_string(QueuePolicy::shed_oldest) == "shed-oldest");
+  REQUIRE(tailbatch::to_string(QueuePolicy::reject_newest) == "reject-newest");
+  REQUIRE(tailbatch::to_string(QueuePolicy::adaptive_lifo) == "adaptive-lifo");
+  REQUIRE(tailbatch::to_string(QueuePolicy::codel) == "codel");
+  REQUIRE(tailbatch::parse_queue_policy("shed_oldest") == QueuePolicy::shed_oldest);
+  REQUIRE_FALSE(tailbatch::parse_queue_policy("lifo").has_value());
+  REQUIRE_FALSE(tailbatch::parse_queue_policy("").has_value());
+  const QueuePolicyConfig c;
+  REQUIRE(c.policy == QueuePolicy::reject_newest);
+  REQUIRE(c.codel_target == std::chrono::milliseconds(5));
+  REQUIRE(c.codel_interval == std::chrono::milliseconds(100));
+}
+
+// ---- The Pipeline's queue under each policy, stepped by hand on the manual clock ------
+
+#include <map>
+#include <optional>
+#include <tailbatch/pipeline.hpp>
+#include <vector>
+
+using namespace tailbatch;
+using namespace std::chrono_literals;
+
+namespace {
+
+using ManualPipeline = Pipeline<int, int, FixedWindow, HostLanes, AdmitAll, ManualClock>;
+
+// Records the model's batches and every request's outcome (each exactly once).
+struct Run {
+  std::vector<std::vector<int>> batches;
+  std::map<int, std::vector<Status>> status;
+  std::map<int, RejectReason> reason;
+  std::map<int, std::chrono::nanoseconds> retry;
+  std::map<int, BatchTime> done_at;
+  ManualClock* clock = nullptr;
+  BatchDuration model_time{};
+  std::map<int, BatchTime> served_at;
+
+  auto model() {
+    return [this](std::span<const int> in, std::span<int> out, HostLane&) {
+      batches.emplace_back(in.begin(), in.end());
+      for (std::size_t i = 0; i < in.size(); ++i) {
+        out[i] = in[i];
+        if (clock != nullptr) served_at[in[i]] = clock->now();
+      }
+      if (clock != nullptr) clock->advance(model_time);
+    };
+  }
+  void submit(ManualPipeline& p, int id, SubmitOptions o = {}) {
+    p.submit(id, std::move(o), [this, id](Outcome<int> out) {
+      status[id].push_back(out.status());
+      reason[id] = out.reason();
+      retry[id] = out.retry_after();
+      if (clock != nullptr) done_at[id] = clock->now();
+    });
+  }
+  [[nodiscard]] bool once(int id) const {
+    auto it = status.find(id);
+    return it != status.end() && it->second.size() == 1;
+  }
+  [[nodiscard]] bool shed(int id) const {
+    return once(id) && status.at(id)[0] == Status::rejected && reason.at(id) == RejectReason::shed;
+  }
+  [[nodiscard]] std::vector<int> served() const {
+    std::vector<int> out;
+    for (const auto& b : batches) out.insert(out.end(), b.begin(), b.end());
+    return out;
+  }
+};
+
+PipelineConfig<int> config_with(QueuePolicy policy, std::size_t capacity) {
+  PipelineConfig<int> c;
+  c.queue_capacity = capacity;
+  c.queue.policy = policy;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("QueuePolicyConfig is validated by the Pipeline", "[queue_policy]") {
+  ManualClock clock;
+  Run run;
+  auto c = config_with(QueuePolicy::codel, 8);
+  c.queue.codel_target = 100ms;
+  REQUIRE_THROWS_WITH(ManualPipeline(run.model(), FixedWindow{1, 1ms}, c, clock),
+                      "Pipeline: queue.codel_target must be < queue.codel_interval");
+  c.queue.codel_target = 0ms;
+  REQUIRE_THROWS_WITH(ManualPipeline(run.model(), FixedWindow{1, 1ms}, c, clock),
+                      "Pipeline: queue.codel_target must be > 0");
+}
+
+TEST_CASE("reject-newest: a full queue refuses the newcomer", "[queue_policy]") {
+  ManualClock clock;
+  Run run;
+  ManualPipeline p(run.model(), FixedWindow{1, 1ms}, config_with(QueuePolicy::reject_newest, 2),
+                   clock);
+  for (int i = 1; i <= 3; ++i) run.submit(p, i);
+  REQUIRE(run.once(3));
+  CHECK(run.reason[3] == RejectReason::queue_full);
+  (void)p.poll();
+  CHECK(run.served() == std::vector<int>{1, 2});
+  CHECK(p.stats().count(RejectReason::shed) == 0);
+}
+
+TEST_CASE("shed-oldest: a full queue drops its oldest and keeps the newcomer", "[queue_policy]") {
+  ManualClock clock;
+  Run run;
+  ManualPipeline p(run.model(), FixedWindow{1, 1ms}, config_with(QueuePolicy::shed_oldest, 2),
+                   clock);
+  for (int i = 1; i <= 4; ++i) run.submit(p, i);
+  CHECK(run.status.empty());  // nobody refused at the door
+  (void)p.poll();
+  CHECK(run.shed(1));
+  CHECK(run.shed(2));
+  CHECK(run.served() == std::vector<int>{3, 4});
+  for (int i = 1; i <= 4; ++i) CHECK(run.once(i));
+  const PipelineStats s = p.stats();
+  CHECK(s.count(RejectReason::shed) == 2);
+  CHECK(s.count(Status::ok) == 2);
+  CHECK(s.submitted == 4);
+  CHECK(s.completed() == 4);
+}
+
+TEST_CASE("shed-oldest: the lowest priority class is shed first, deadlines still hold",
+          "[queue_policy]") {
+  ManualClock clock;
+  Run run;
+  ManualPipeline p(run.model(), FixedWindow{1, 1ms}, config_with(QueuePolicy::shed_oldest, 2),
+                   clock);
+  run.submit(p, 1, SubmitOptions{.priority = Priority::high});
+  run.submit(p, 2, SubmitOptions{.priority = Priority::low});
+  run.submit(p, 3, SubmitOptions{.timeout = 1ms});
+  run.submit(p, 4, SubmitOptions{.priority = Priority::high});
+  clock.advance(2ms);  // 3's deadline passes while it waits
+  (void)p.poll();
+  CHECK(run.shed(2));
+  REQUIRE(run.once(3));
+  CHECK(run.status[3][0] == Status::deadline_exceeded);
+  CHECK(run.served() == std::vector<int>{1, 4});
+}
+
+TEST_CASE("adaptive LIFO: FIFO while no queue has formed, newest first once one has",
+          "[queue_policy]") {
+  ManualClock clock;
+  Run run;
+  ManualPipeline p(run.model(), FixedWindow{2, 10ms}, config_with(QueuePolicy::adaptive_lifo, 64),
+                   clock);
+  run.submit(p, 1);
+  run.submit(p, 2);
+  (void)p.poll();
+  CHECK(run.served() == std::vector<int>{1, 2});  // one batch's worth: FIFO
+  for (int i = 3; i <= 7; ++i) run.submit(p, i);
+  (void)p.poll(1);
+  CHECK(run.batches.back() == std::vector<int>{7, 6});  // 5 > one batch per lane slot: LIFO
+  (void)p.poll(1);
+  CHECK(run.batches.back() == std::vector<int>{5, 4});
+  clock.advance(6ms);  // the oldest (3) has now waited past codel_target: still a queue
+  run.submit(p, 8);
+  (void)p.poll(1);
+  CHECK(run.batches.back() == std::vector<int>{8, 3});
+  run.submit(p, 9);
+  run.submit(p, 10);
+  (void)p.poll(1);
+  CHECK(run.batches.back() == std::vector<int>{9, 10});  // drained: FIFO again
+  for (int i = 1; i <= 10; ++i) CHECK(run.once(i));
+}
+
+TEST_CASE(
+    "CodelState: drops only after a whole interval above target, then at the control law's spacing",
+    "[queue_policy][codel]") {
+  const BatchTime t = ManualClock::start();
+  detail::CodelState c(5ms, 100ms);
+  CHECK_FALSE(c.should_drop(t, 4ms, false));          // below target
+  CHECK_FALSE(c.should_drop(t + 1ms, 6ms, false));    // above: the interval starts
+  CHECK_FALSE(c.should_drop(t + 100ms, 6ms, false));  // not yet a whole interval
+  CHECK(c.should_drop(t + 101ms, 6ms, false));        // first drop; next at +100 ms
+  CHECK(c.dropping());
+  CHECK(c.drop_next() == t + 201ms);
+  CHECK_FALSE(c.should_drop(t + 150ms, 50ms, false));
+  CHECK(c.should_drop(t + 201ms, 50ms, false));  // count 2: next after 100/sqrt(2) ms
+  CHECK(c.drop_next() - (t + 201ms) == std::chrono::nanoseconds(70710678));
+  CHECK_FALSE(c.should_drop(t + 202ms, 50ms, false));
+  CHECK(c.should_drop(t + 272ms, 50ms, false));  // count 3: 100/sqrt(3) ms
+  CHECK(c.drop_next() - (t + 272ms) > 57ms);
+  CHECK(c.drop_next() - (t + 272ms) < 58ms);
+  // A small queue (one batch or less) is never dropped from, and it ends the dropping.
+  CHECK_FALSE(c.should_drop(t + 400ms, 50ms, true));
+  CHECK_FALSE(c.dropping());
+  CHECK(c.drops() == 3);
+  // Back above target soon after: the drop rate resumes near where it was.
+  CHECK_FALSE(c.should_drop(t + 410ms, 50ms, false));
+  CHECK(c.should_drop(t + 510ms, 50ms, false));
+  CHECK(c.drop_next() - (t + 510ms) < 100ms);
+  // Below target: leaves the dropping state.
+  CHECK_FALSE(c.should_drop(t + 600ms, 1ms, false));
+  CHECK_FALSE(c.dropping());
+}
+
+TEST_CASE("CoDel in the Pipeline: a standing queue at 2x load is shed to keep the wait near target",
+          "[queue_policy][codel]") {
+  // One request served per 10 ms, two arriving: the backlog grows by one per step.
+  const auto run_with = [](QueuePolicy policy, Run& run) {
+    ManualClock clock;
+    run.clock = &clock;
+    run.model_time = 10ms;
+    ManualPipeline p(run.model(), FixedWindow{1, 0ms}, config_with(policy, 4096), clock);
+    int id = 0;
+    std::vector<BatchTime> submitted(1, BatchTime{});
+    for (int step = 0; step < 400; ++step) {
+      for (int k = 0; k < 2; ++k) {
+        submitted.push_back(clock.now());
+        run.submit(p, ++id);
+      }
+      (void)p.poll(1);
+    }
+    p.shutdown();
+    for (int i = 1; i <= id; ++i) REQUIRE(run.once(i));
+    // The wait of the last 100 requests served.
+    std::vector<int> served = run.served();
+    BatchDuration worst{};
+    for (std::size_t i = served.size() - 100; i < served.size(); ++i) {
+      const int r = served[i];
+      worst = std::max(worst, run.served_at[r] - submitted[static_cast<std::size_t>(r)]);
+    }
+    return worst;
+  };
+  Run fifo, codel;
+  const BatchDuration fifo_wait = run_with(QueuePolicy::reject_newest, fifo);
+  const BatchDuration codel_wait = run_with(QueuePolicy::codel, codel);
+  std::size_t shed = 0;
+  int first_shed = 0;
+  BatchTime first_drop = BatchTime::max();
+  for (const auto& [id, st] : codel.status) {
+    if (codel.shed(id)) {
+      ++shed;
+      if (codel.done_at[id] < first_drop) {
+        first_drop = codel.done_at[id];
+        first_shed = id;
+      }
+    }
+  }
+  CHECK(shed > 100);
+  // No drop before the head's wait had stood above target for a whole interval.
+  CHECK(first_drop >= ManualClock::start() + 100ms);
+  CHECK(codel_wait < fifo_wait / 4);
+  CHECK(codel_wait < 1s);
+  CHECK(codel.retry[first_shed] > 0ns);
+  CHECK(fifo.served().size() == 800);  // shutdown drains what is left
+}
