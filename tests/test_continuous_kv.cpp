@@ -387,6 +387,27 @@ TEST_CASE("prefix reuse: full prompt blocks are shared, the last partial one nev
   CHECK(text.find("tailbatch_generation_recomputed_tokens_total 0") != std::string::npos);
 }
 
+TEST_CASE("prefix reuse: blocks of generated tokens are shared too (grow mode)",
+          "[continuous_kv]") {
+  Recorder rec;
+  Batcher b(rec.fn(), kv_config(KvMode::grow, 16, 4), rec.clock);
+  auto s1 = b.submit(req(4, 9));  // emits 1000..1008; KV of 12 tokens written: 3 full blocks
+  run_all(b);
+  CHECK(drain(*s1) == expected_tokens(1, 9));
+  // The next turn: the conversation so far, and one more token.
+  std::vector<int> next(4, 1);
+  for (int t = 1000; t < 1008; ++t) next.push_back(t);
+  next.push_back(5);
+  auto s2 = b.submit(req(next, 2));
+  (void)b.poll();
+  const Seen* seen = rec.steps.back().data();
+  REQUIRE(seen->id == 2);
+  CHECK(seen->cached == 12);
+  CHECK(seen->chunk == 1);
+  run_all(b);
+  CHECK(drain(*s2) == expected_tokens(2, 2));
+}
+
 TEST_CASE("a pool the caller owns is used as it is", "[continuous_kv]") {
   Recorder rec;
   tailbatch::KvBlockPool<int> pool({.block_size = 2, .total_blocks = 5});
