@@ -274,6 +274,43 @@ TEST_CASE("grow: a lower-priority sequence is preempted before a newer one of hi
   CHECK(drain(*s2) == expected_tokens(2, 8));
 }
 
+TEST_CASE("a preempted sequence ends once when cancelled or out of time while it waits",
+          "[continuous_kv]") {
+  for (int way = 0; way < 2; ++way) {
+    Recorder rec;
+    auto cfg = kv_config(KvMode::grow, 4, 4);
+    cfg.kv.prefix_caching = false;
+    Batcher b(rec.fn(), cfg, rec.clock);
+    auto s1 = b.submit(req(4, 12, 1));
+    auto r2 = req(4, 12, 2);
+    r2.completion_deadline = rec.clock.now() + 9ms;
+    int ends = 0;
+    tailbatch::StreamCallbacks<int> cb;
+    std::vector<int> got;
+    cb.on_tokens = [&](std::span<const int> t) { got.insert(got.end(), t.begin(), t.end()); };
+    cb.on_end = [&](const tailbatch::StreamEnd&) { ++ends; };
+    auto s2 = b.submit(std::move(r2), SubmitOptions{}, std::move(cb));
+    // Both hold 1 block, then 2 (tokens 4-7), then need a third each: 2 is preempted.
+    for (int i = 0; i < 20 && b.stats().preemptions == 0; ++i) (void)b.poll();
+    REQUIRE(b.stats().preemptions == 1);
+    REQUIRE_FALSE(s2->closed());
+    if (way == 0) {
+      s2->cancel();
+    } else {
+      rec.clock.advance(10ms);  // past its completion_deadline
+    }
+    (void)b.poll();
+    REQUIRE(s2->closed());
+    CHECK(s2->end()->status == (way == 0 ? Status::cancelled : Status::deadline_exceeded));
+    CHECK(got == expected_tokens(2, got.size()));
+    run_all(b);
+    CHECK(ends == 1);
+    CHECK(drain(*s1) == expected_tokens(1, 12));
+    CHECK(b.stats().kv.used_blocks == 0);
+    CHECK(b.waiting_approx() == 0);
+  }
+}
+
 TEST_CASE("reserve: prompt + max_new_tokens are booked at admission and nothing is preempted",
           "[continuous_kv]") {
   Recorder rec;
@@ -348,6 +385,27 @@ TEST_CASE("prefix reuse: full prompt blocks are shared, the last partial one nev
   CHECK(text.find("tailbatch_kv_blocks_capacity 32") != std::string::npos);
   CHECK(text.find("tailbatch_generation_preemptions_total 0") != std::string::npos);
   CHECK(text.find("tailbatch_generation_recomputed_tokens_total 0") != std::string::npos);
+}
+
+TEST_CASE("prefix reuse: blocks of generated tokens are shared too (grow mode)",
+          "[continuous_kv]") {
+  Recorder rec;
+  Batcher b(rec.fn(), kv_config(KvMode::grow, 16, 4), rec.clock);
+  auto s1 = b.submit(req(4, 9));  // emits 1000..1008; KV of 12 tokens written: 3 full blocks
+  run_all(b);
+  CHECK(drain(*s1) == expected_tokens(1, 9));
+  // The next turn: the conversation so far, and one more token.
+  std::vector<int> next(4, 1);
+  for (int t = 1000; t < 1008; ++t) next.push_back(t);
+  next.push_back(5);
+  auto s2 = b.submit(req(next, 2));
+  (void)b.poll();
+  const Seen* seen = rec.steps.back().data();
+  REQUIRE(seen->id == 2);
+  CHECK(seen->cached == 12);
+  CHECK(seen->chunk == 1);
+  run_all(b);
+  CHECK(drain(*s2) == expected_tokens(2, 2));
 }
 
 TEST_CASE("a pool the caller owns is used as it is", "[continuous_kv]") {

@@ -111,6 +111,18 @@
 
 namespace tailbatch {
 
+namespace detail {
+// The KV pool of a ContinuousBatcher over Token: KvBlockPool<Token>, or NoKvPool.
+template <class Token, bool = KvToken<Token>>
+struct KvPoolFor {
+  using type = NoKvPool;
+};
+template <class Token>
+struct KvPoolFor<Token, true> {
+  using type = KvBlockPool<Token>;
+};
+}  // namespace detail
+
 // The per-sequence state of an engine that keeps none in the batcher.
 struct NoSequenceState {};
 
@@ -1005,6 +1017,12 @@ class ContinuousBatcher {
         // The step wrote this chunk's KV: full prompt blocks become shareable.
         if (pool_ != nullptr && s.chunk_ > 0 && !failure)
           pool_->commit(s.table_, std::span<const Token>(s.prompt_).first(s.prefilled_));
+        // A decode step that filled a block of generated tokens (grow mode keeps them):
+        // shareable too, by a next turn that repeats the conversation, or by this
+        // sequence's own recompute after a preemption.
+        else if (pool_ != nullptr && !failure && s.kv_ && config_.kv.prefix_caching && s.decoding() &&
+                 s.generated_ > 0)
+          commit_output(s);
       }
       s.chunk_ = 0;
       report.emitted += s.emitted_in_step_;
@@ -1085,6 +1103,25 @@ class ContinuousBatcher {
       }
       s.computed_ = 0;
       return true;
+    }
+  }
+
+  // KV pool, grow mode: indexes the block the last decode step filled, if it did. Its
+  // tokens are the prompt and then the output, copied together once per full block (the
+  // pool hashes a sequence from its start). Skipped if that copy cannot allocate.
+  void commit_output(Sequence& s) noexcept {
+    if constexpr (!std::is_same_v<KvPool, detail::NoKvPool>) {
+      const std::size_t written = s.prompt_size_ + s.generated_ - 1;  // the last emitted is not fed yet
+      if (written <= s.prompt_.size() || written % pool_->block_size() != 0) return;
+      if (detail::call_guarded(
+              [&] {
+                kv_scratch_.assign(s.prompt_.begin(),
+                                   s.prompt_.begin() + static_cast<std::ptrdiff_t>(s.prompt_size_));
+                kv_scratch_.insert(kv_scratch_.end(), s.output_.begin(), s.output_.end());
+              },
+              [](const char*) {}))
+        return;
+      pool_->commit(s.table_, std::span<const Token>(kv_scratch_).first(std::min(written, kv_scratch_.size())));
     }
   }
 
@@ -1409,6 +1446,7 @@ class ContinuousBatcher {
   // mutex_; changed by the stepping thread only.
   std::vector<Sequence> preempted_;
   std::vector<Sequence*> kv_order_;  // grow_active()'s scratch
+  std::vector<Token> kv_scratch_;    // commit_output()'s scratch
   std::uint64_t admissions_ = 0;     // admission order, for preemption (stepping thread)
 
   std::mutex step_mutex_;     // serializes poll() calls

@@ -1,32 +1,20 @@
-// The continuous batcher's KV-cache pieces: which pool a token type gets, and the order in
-// which sequences give up their blocks.
-//
-// A ContinuousBatcher over a token type the KvBlockPool can hold (KvToken) gets a
-// KvBlockPool<Token>; any other token type gets NoKvPool, whose tables hold nothing, so
-// that a batcher without a KV pool pays nothing for the feature.
+// The continuous batcher's KV-cache pieces: the stand-in pool of a token type that cannot
+// be cached, and the order in which sequences give up their blocks.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <tailbatch/kv_block_pool.hpp>
 
 namespace tailbatch::detail {
 
-// The pool of a token type that cannot be cached: never constructed with blocks.
+// The pool of a ContinuousBatcher whose token type the KvBlockPool cannot hold (not a
+// KvToken): never constructed, its tables hold nothing, so that such a batcher pays
+// nothing for the feature. Block ids are KvBlockId (std::uint32_t).
 struct NoKvPool {
   struct BlockTable {
-    [[nodiscard]] std::span<const KvBlockId> blocks() const noexcept { return {}; }
+    [[nodiscard]] std::span<const std::uint32_t> blocks() const noexcept { return {}; }
   };
-};
-
-template <class Token, bool = KvToken<Token>>
-struct KvPoolFor {
-  using type = NoKvPool;
-};
-template <class Token>
-struct KvPoolFor<Token, true> {
-  using type = KvBlockPool<Token>;
 };
 
 // Preemption order: the victim is the least important running sequence, the one of lowest
