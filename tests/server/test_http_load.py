@@ -68,6 +68,20 @@ def test_serve():
         # Null unless classify batches ran meanwhile (the server's warm-up may still run).
         check(r["mean_batch"] is None or r["mean_batch"] >= 1.0, "mean_batch is null or a batch size")
     check(any(r.get("saturation") for r in runs) or not runs[0]["meets_slo"], "the saturation point is marked")
+    # --tenant-mix over HTTP: each request names its tenant in X-Tenant; the run object has
+    # the goodput and one entry per tenant.
+    p = run_load("--url", "http://127.0.0.1:%d/healthz" % port, "--tenant-mix", "a:40,b:20", "--duration", "1.5",
+                 "--warmup", "0.3", "--slo-p95-ms", "1000")
+    runs = runs_of(p)
+    check(p.returncode == 0 and len(runs) == 1, "--tenant-mix with --url: one run (%s)" % p.stderr[-300:])
+    r = runs[0]
+    ts = r.get("tenants", [])
+    check([t["name"] for t in ts] == ["a", "b"] and all(
+        set(t) >= {"name", "offered_rps", "achieved_rps", "p50_ms", "p95_ms", "p99_ms", "goodput_rps"} for t in ts),
+        "the run object lists each tenant with its figures (%s)" % ts)
+    check(ts[0]["offered_rps"] > ts[1]["offered_rps"] > 0 and 0 < r["goodput_rps"] <= r["achieved_rps"] + 1e-9
+          and abs(sum(t["goodput_rps"] for t in ts) - r["goodput_rps"]) < 0.01,
+          "tenant a offers more than b; the tenants' goodput adds up to the run's (%.1f)" % r["goodput_rps"])
     p = run_load("--url", "http://192.0.2.1:%d/healthz" % port, "--rate", "10", "--duration", "1", "--warmup", "0")
     check(p.returncode == 1 and "not a loopback address" in p.stderr, "a non-loopback host is refused")
     # The batch counters from /v1/stats when classify batches ran.
