@@ -39,9 +39,12 @@ class AdaptiveState {
   static constexpr double outlier_ratio = 1.5;
   // Plans are made for rates on a geometric grid of this ratio, and remembered.
   static constexpr double rate_step = 1.04;
-  // The model is re-planned when L(1) or L(max_batch) moved by more than this fraction.
+  // The model is re-planned when L(1), or L(b) at the largest size with a trusted mean
+  // (the sizes in use), moved by more than this fraction since the last plan's model.
   // (On the real clock a model's time spreads: a running mean over 32 samples wanders by
-  // several per cent on its own, and a tighter bound re-planned all the time.)
+  // several per cent on its own, and a tighter bound re-planned all the time. The cap's
+  // cost is not watched: beyond the sizes in use it is the fitted line's extrapolation,
+  // which the noise of the slope moves by far more than the model moves.)
   static constexpr double cost_drift = 0.10;
   // The spread of the model's time: the last this-many ratios of a batch's time to its
   // size's mean, replayed (in order, cycling) on the planner's batches, so that the plans
@@ -53,8 +56,13 @@ class AdaptiveState {
   // Requests in the planning simulation (the first tenth is its warm-up).
   static constexpr std::size_t plan_requests = 6000;
   // A call advances a plan in the making by at most this many simulated requests (and
-  // one batch): the bound on planning work per on_batch_executed.
-  static constexpr std::size_t plan_slice = 8192;
+  // one batch), or selects one candidate's percentiles: the bound on planning work per
+  // on_batch_executed (about 20-30 us on a shared 2-core machine, bench_adaptive).
+  static constexpr std::size_t plan_slice = 2048;
+  // While the plan in force was made for a rate the load has left by stale_rise or more
+  // (a step in load: the plan is wrong, not merely stale), a call advances the new plan
+  // by up to this many instead: it is in force in a quarter of the calls.
+  static constexpr std::size_t urgent_slice = 8192;
   // Window candidates, as fractions of a batch of one's cost.
   static constexpr std::array<double, 12> window_grid = {0.0, 0.025, 0.05, 0.1, 0.15, 0.25,
                                                          0.4, 0.5,   0.75, 1.0, 1.5,  2.0};
@@ -81,6 +89,7 @@ class AdaptiveState {
         cap_(c.max_batch),
         sizes_(c.max_batch + 1),
         table_(c.max_batch + 1, 0.0),
+        epoch_table_(c.max_batch + 1, 0.0),
         lookahead_(c.max_batch, max_plan_lanes) {
     // 1, 2, 3, 4, 6, 8, 12, 16, 24, ...: powers of two and one and a half times them.
     for (std::size_t p = 1; p <= cap_; p *= 2) {
@@ -472,14 +481,18 @@ class AdaptiveState {
     // Never free, never cheaper than a smaller batch.
     table_[1] = std::max(table_[1], 1e-9);
     for (std::size_t b = 2; b <= cap_; ++b) table_[b] = std::max(table_[b], table_[b - 1]);
-    // A new epoch when the model moved enough to change plans.
-    const double c1 = table_[1], cn = table_[cap_];
-    if (epoch_ == 0 || detail::fabs(c1 - epoch_c1_) > cost_drift * epoch_c1_ ||
-        detail::fabs(cn - epoch_cn_) > cost_drift * epoch_cn_) {
+    // A new epoch when the model moved enough to change plans: at size 1, or at the
+    // largest size with a trusted mean (the cap while none is trusted), against the table
+    // of the last epoch.
+    const std::size_t top = prev == 0 ? cap_ : prev;
+    if (epoch_ == 0 || drifted(1) || drifted(top)) {
       ++epoch_;
-      epoch_c1_ = c1;
-      epoch_cn_ = cn;
+      std::copy(table_.begin(), table_.end(), epoch_table_.begin());
     }
+  }
+
+  bool drifted(std::size_t b) const noexcept {
+    return detail::fabs(table_[b] - epoch_table_[b]) > cost_drift * epoch_table_[b];
   }
 
   std::int64_t bucket_of(double rate) const noexcept {
@@ -490,8 +503,10 @@ class AdaptiveState {
   // from the cache at once, or by a planning job that runs in bounded slices, one per call
   // (see advance_job). The plan in force stays in force until the job ends.
   void replan_if_stale(BatchTime now) noexcept {
-    std::size_t budget = plan_slice;
     const double rate = rate_at(now);
+    const bool urgent = planned_ && rate > 0.0 &&
+                        (rate > stale_rise * plan_.rate_rps || rate * stale_rise < plan_.rate_rps);
+    std::size_t budget = urgent ? urgent_slice : plan_slice;
     // A plan in the making for a rate the load has since left far behind is dropped: the
     // one for the rate now is started instead.
     if (job_.active && rate > 0.0 &&
@@ -676,13 +691,14 @@ class AdaptiveState {
       budget -= std::min(budget, measured / 2);
       job_.running = false;
       note_free();
+      // p99 first; then p95 among the values the first selection left below it.
       const auto from = job_latencies_.begin() + static_cast<std::ptrdiff_t>(n / 10);
-      auto at = [&](std::size_t k) {
-        std::nth_element(from, from + static_cast<std::ptrdiff_t>(k), job_latencies_.end());
-        return *(from + static_cast<std::ptrdiff_t>(k));
-      };
-      const double p99 = at(k99);
-      const double p95 = at(k95);
+      const auto at99 = from + static_cast<std::ptrdiff_t>(k99);
+      std::nth_element(from, at99, job_latencies_.end());
+      const double p99 = *at99;
+      const auto at95 = from + static_cast<std::ptrdiff_t>(k95);
+      std::nth_element(from, at95, at99);
+      const double p95 = *at95;
       double score = p95 / p95_target;
       if (p99_target > 0.0) score = std::max(score, p99 / p99_target);
       job_.best_score = std::min(job_.best_score, score);
@@ -824,7 +840,7 @@ class AdaptiveState {
   std::array<double, spread_samples> job_spread_ = filled_ones();
   std::size_t spread_next_ = 0;
   std::uint64_t epoch_ = 0;
-  double epoch_c1_ = 0.0, epoch_cn_ = 0.0;
+  std::vector<double> epoch_table_;  // the cost table when the epoch began
   ArrivalCounter arrivals_{};
   AdaptiveCloseReason reason_ = AdaptiveCloseReason::flush;  // of plan_decide's close
   std::size_t lanes_ = 1;
