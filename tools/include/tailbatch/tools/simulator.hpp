@@ -103,8 +103,8 @@ struct SimulationResult {
   std::uint64_t arrivals = 0;
   std::uint64_t warmup_arrivals = 0;  // arrived during the warm-up: run, not counted
   std::uint64_t ok = 0;
-  std::uint64_t by_status[5] = {0, 0, 0, 0, 0};           // indexed by Status
-  std::uint64_t rejected_by_reason[5] = {0, 0, 0, 0, 0};  // indexed by RejectReason
+  std::uint64_t by_status[status_count] = {};                  // indexed by Status
+  std::uint64_t rejected_by_reason[reject_reason_count] = {};  // indexed by RejectReason
   HistogramSnapshot latency;  // ok requests: arrival to completion + network
   std::chrono::nanoseconds p50{0}, p95{0}, p99{0}, mean{0}, max{0};
   double offered_rps = 0.0;
