@@ -6,8 +6,9 @@
 //   BM_AdaptiveWindow_Feedback/1   a load that keeps moving (the rate walks up through
 //                                  more rate buckets than the plan cache holds, then
 //                                  starts again): a plan is in the making at almost every
-//                                  call, which advances it by at most plan_slice
-//                                  simulated requests. Counters: max_us (the slowest call
+//                                  call, which advances it by at most one slice of
+//                                  simulated requests (1024-8192, sized to the
+//                                  reported batch's model time). Counters: max_us (the slowest call
 //                                  seen), calls_per_plan.
 //   BM_AdaptiveWindow_FullPlan     the baseline: the whole (window, size) grid simulated
 //                                  in one call, as the policy planned before plans were

@@ -61,9 +61,17 @@ endfunction()
 
 # Includes every *.cmake file of the calling directory (the extra registrations of tests/,
 # examples/ and benchmarks/), in name order. A macro, so that they run in the caller's scope.
+# Under a sanitizer (TAILBATCH_SANITIZE) the files named in SKIP_UNDER_SANITIZERS (stems,
+# e.g. header_check) are left out: checks that only compile or read files, which a
+# sanitizer cannot make find anything more, and which the plain build already runs.
 macro(tailbatch_include_extras)
+  cmake_parse_arguments(_tie "" "" "SKIP_UNDER_SANITIZERS" ${ARGN})
   file(GLOB _tailbatch_extras CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cmake)
   foreach(_extra IN LISTS _tailbatch_extras)
+    get_filename_component(_tie_stem ${_extra} NAME_WE)
+    if(NOT TAILBATCH_SANITIZE STREQUAL "" AND _tie_stem IN_LIST _tie_SKIP_UNDER_SANITIZERS)
+      continue()
+    endif()
     include(${_extra})
   endforeach()
 endmacro()

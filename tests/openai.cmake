@@ -6,13 +6,9 @@
 # installed the test is reported skipped (exit 77). The wire framing the SDK hides ([DONE],
 # keep-alive comments, x-request-id, HTTP/1.0 streams, the hardening) is checked with raw
 # sockets by tests/server/test_openai_wire.py (labels `openai` and `server`).
-if(NOT TAILBATCH_BUILD_EXAMPLES)
-  return()
-endif()
-find_package(Boost 1.70 QUIET)
-find_package(nlohmann_json 3 QUIET)
-find_package(CLI11 QUIET)
-if(NOT Boost_FOUND OR NOT nlohmann_json_FOUND OR NOT CLI11_FOUND)
+include(${CMAKE_CURRENT_LIST_DIR}/server/server_test.cmake)
+tailbatch_serve_buildable(_tailbatch_serve)
+if(NOT _tailbatch_serve)
   return()
 endif()
 find_program(TAILBATCH_NODE node)
@@ -23,9 +19,5 @@ if(TAILBATCH_NODE)
 else()
   message(STATUS "tailbatch: not registering tailbatch_serve_openai_sdk: it needs node (scripts/deps.sh --test)")
 endif()
-find_package(Python3 COMPONENTS Interpreter QUIET)
-if(Python3_Interpreter_FOUND)
-  add_test(NAME tailbatch_serve_openai_wire
-           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/server/test_openai_wire.py $<TARGET_FILE:tailbatch-serve>)
-  set_tests_properties(tailbatch_serve_openai_wire PROPERTIES LABELS "openai;server" TIMEOUT 90)
-endif()
+tailbatch_server_test(NAME tailbatch_serve_openai_wire SCRIPT test_openai_wire.py ARGS $<TARGET_FILE:tailbatch-serve>
+                      LABELS openai server TIMEOUT 90)

@@ -9,14 +9,12 @@
 #
 # Needs what the server and tailbatch-load's HTTP mode build from (Boost, nlohmann-json,
 # CLI11), python3, and Debian's prometheus package (scripts/deps.sh --test): where
-# prometheus is missing the test fails and says how to install it. tests/ is configured
-# before examples/ and tools/cli/: look for what they need rather than for their targets.
+# prometheus is missing the test fails and says how to install it.
+# tailbatch_serve_buildable (tests/server/server_test.cmake) says whether the programs are built.
+include(${CMAKE_CURRENT_LIST_DIR}/server/server_test.cmake)
 find_package(Python3 COMPONENTS Interpreter QUIET)
-find_package(Boost 1.70 QUIET)
-find_package(nlohmann_json 3 QUIET)
-find_package(CLI11 QUIET)
-if(NOT (TAILBATCH_BUILD_EXAMPLES AND Python3_Interpreter_FOUND AND Boost_FOUND AND nlohmann_json_FOUND
-        AND CLI11_FOUND))
+tailbatch_serve_buildable(_tailbatch_serve)
+if(NOT (_tailbatch_serve AND Python3_Interpreter_FOUND))
   message(STATUS "tailbatch: not registering prometheus_fleet: it needs tailbatch-serve and tailbatch-load --url "
                  "(Boost, nlohmann-json, CLI11) and python3")
   return()

@@ -179,35 +179,35 @@ TEST_CASE("adaptive LIFO: FIFO while no queue has formed, newest first once one 
   for (int i = 1; i <= 10; ++i) CHECK(run.once(i));
 }
 
-TEST_CASE(
-    "CodelState: drops only after a whole interval above target, then at the control law's spacing",
-    "[queue_policy][codel]") {
+TEST_CASE("CodelState: a whole interval's minimum wait above target sheds what waited past 2 x target",
+          "[queue_policy][codel]") {
   const BatchTime t = ManualClock::start();
   detail::CodelState c(5ms, 100ms);
-  CHECK_FALSE(c.should_drop(t, 4ms, false));          // below target
-  CHECK_FALSE(c.should_drop(t + 1ms, 6ms, false));    // above: the interval starts
-  CHECK_FALSE(c.should_drop(t + 100ms, 6ms, false));  // not yet a whole interval
-  CHECK(c.should_drop(t + 101ms, 6ms, false));        // first drop; next at +100 ms
-  CHECK(c.dropping());
-  CHECK(c.drop_next() == t + 201ms);
-  CHECK_FALSE(c.should_drop(t + 150ms, 50ms, false));
-  CHECK(c.should_drop(t + 201ms, 50ms, false));  // count 2: next after 100/sqrt(2) ms
-  CHECK(c.drop_next() - (t + 201ms) == std::chrono::nanoseconds(70710678));
-  CHECK_FALSE(c.should_drop(t + 202ms, 50ms, false));
-  CHECK(c.should_drop(t + 272ms, 50ms, false));  // count 3: 100/sqrt(3) ms
-  CHECK(c.drop_next() - (t + 272ms) > 57ms);
-  CHECK(c.drop_next() - (t + 272ms) < 58ms);
-  // A small queue (one batch or less) is never dropped from, and it ends the dropping.
-  CHECK_FALSE(c.should_drop(t + 400ms, 50ms, true));
-  CHECK_FALSE(c.dropping());
-  CHECK(c.drops() == 3);
-  // Back above target soon after: the drop rate resumes near where it was.
-  CHECK_FALSE(c.should_drop(t + 410ms, 50ms, false));
-  CHECK(c.should_drop(t + 510ms, 50ms, false));
-  CHECK(c.drop_next() - (t + 510ms) < 100ms);
-  // Below target: leaves the dropping state.
-  CHECK_FALSE(c.should_drop(t + 600ms, 1ms, false));
-  CHECK_FALSE(c.dropping());
+  // The first interval (t .. t+100 ms) decides nothing: not yet overloaded.
+  CHECK_FALSE(c.should_drop(t, 6ms, false));
+  CHECK_FALSE(c.should_drop(t + 50ms, 40ms, false));
+  CHECK_FALSE(c.overloaded());
+  // It ends with a minimum of 6 ms > target: the next interval is overloaded, and a head
+  // that waited more than 10 ms is dropped; one that waited 10 ms or less is not.
+  CHECK(c.should_drop(t + 100ms, 30ms, false));
+  CHECK(c.overloaded());
+  CHECK(c.should_drop(t + 100ms, 11ms, false));
+  CHECK_FALSE(c.should_drop(t + 100ms, 10ms, false));
+  // A small queue (one batch or less) is never dropped from.
+  CHECK_FALSE(c.should_drop(t + 150ms, 50ms, true));
+  CHECK(c.drops() == 2);
+  // This interval's minimum was 10 ms (above target): still overloaded in the next.
+  CHECK(c.should_drop(t + 200ms, 12ms, false));
+  // A burst: the wait falls to 2 ms once in this interval, so the next one is not
+  // overloaded, however long the head waits meanwhile.
+  CHECK_FALSE(c.should_drop(t + 250ms, 2ms, false));
+  CHECK(c.should_drop(t + 260ms, 40ms, false));  // still this interval: overloaded
+  CHECK_FALSE(c.should_drop(t + 300ms, 40ms, false));
+  CHECK_FALSE(c.overloaded());
+  CHECK_FALSE(c.should_drop(t + 350ms, 80ms, false));
+  // That interval's minimum (40 ms) was above target again: overloaded from t+400 ms.
+  CHECK(c.should_drop(t + 400ms, 80ms, false));
+  CHECK(c.drops() == 5);
 }
 
 TEST_CASE("CoDel in the Pipeline: a standing queue at 2x load is shed to keep the wait near target",

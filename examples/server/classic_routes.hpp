@@ -207,11 +207,21 @@ void Server::handle(const std::shared_ptr<Connection>& c, http::request<http::st
   return c->respond(503, draining() ? R"({"status":"draining"})" : R"({"status":"warming_up"})");
 }
 
+// A classic route's body, decoded by decode (decode_classify or decode_generate); else
+// nullopt, the request answered 400 with what is wrong.
+template <class Decode>
+auto decode_or_400(Connection& c, Decode decode, std::string_view body,
+                   const DecodeLimits& limits) {
+  std::string error;
+  auto decoded = decode(body, limits, error);
+  if (!decoded) c.respond_error(400, "bad_request", error);
+  return decoded;
+}
+
 void Server::classify(const std::shared_ptr<Connection>& c,
                       const http::request<http::string_body>& req) {
-  std::string error;
-  auto decoded = tailbatch_serve::decode_classify(req.body(), limits_, error);
-  if (!decoded) return c->respond_error(400, "bad_request", error);
+  auto decoded = decode_or_400(*c, tailbatch_serve::decode_classify, req.body(), limits_);
+  if (!decoded) return;
   const auto deadline = deadline_of(c, req, true);
   if (!deadline) return;
   auto job = std::make_shared<Connection::ClassifyJob>();
@@ -264,9 +274,8 @@ void post_flush(const std::shared_ptr<Connection::GenerateJob>& j) {
 
 void Server::generate(const std::shared_ptr<Connection>& c,
                       const http::request<http::string_body>& req) {
-  std::string error;
-  auto decoded = tailbatch_serve::decode_generate(req.body(), limits_, error);
-  if (!decoded) return c->respond_error(400, "bad_request", error);
+  auto decoded = decode_or_400(*c, tailbatch_serve::decode_generate, req.body(), limits_);
+  if (!decoded) return;
   const auto deadline = deadline_of(c, req);
   if (!deadline) return;
   Batcher::Request r;
@@ -310,6 +319,8 @@ void Server::generate(const std::shared_ptr<Connection>& c,
   c->work_started();
   // Registered before submit: a rejection ends the stream inside submit.
   c->set_generate(job, nullptr);
+  // An empty prompt is the start token (the same computation), which the KV cache can hold.
+  if (r.prompt.empty()) r.prompt.push_back(ref::TextVocabulary::period);
   auto stream = batcher_->submit(std::move(r), so, std::move(cb));
   c->set_generate(job, std::move(stream));
 }

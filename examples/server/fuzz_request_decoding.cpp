@@ -31,13 +31,16 @@ void answer(const nlohmann::json& j) {
   if (s.empty()) std::abort();
 }
 
+// A classic route's error must carry a message; it goes out in the JSON the server sends.
+void classic_error(const std::string& error) {
+  if (error.empty()) std::abort();
+  answer({{"error", {{"message", error}}}});
+}
+
 void classify(std::string_view body, const DecodeLimits& limits) {
   std::string error;
   const auto r = tailbatch_serve::decode_classify(body, limits, error);
-  if (!r) {
-    if (error.empty()) std::abort();
-    return answer({{"error", {{"message", error}}}});
-  }
+  if (!r) return classic_error(error);
   if (r->texts.empty() || r->texts.size() > limits.max_texts) std::abort();
   if (!r->batch_form && r->texts.size() != 1) std::abort();
   for (const auto& t : r->texts) answer({{"text", t}});
@@ -46,10 +49,7 @@ void classify(std::string_view body, const DecodeLimits& limits) {
 void generate(std::string_view body, const DecodeLimits& limits) {
   std::string error;
   const auto r = tailbatch_serve::decode_generate(body, limits, error);
-  if (!r) {
-    if (error.empty()) std::abort();
-    return answer({{"error", {{"message", error}}}});
-  }
+  if (!r) return classic_error(error);
   if (r->max_tokens < 1 || r->max_tokens > limits.max_generate_tokens) std::abort();
   answer({{"prompt", r->prompt}});
 }

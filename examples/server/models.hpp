@@ -266,13 +266,25 @@ Server::Server(const Options& o)
   bc.metric_labels = {{"model", "generate"}};
   bc.tenants = tenants_;
   bc.workers = 1;  // the decode thread, started here; it waits for work until run() accepts
+  if (o.kv_blocks > 0) {
+    bc.kv.mode = o.kv_mode == "reserve" ? tb::KvMode::reserve : tb::KvMode::grow;
+    bc.kv.total_blocks = o.kv_blocks;
+    bc.kv.block_size = o.kv_block_size;
+    bc.kv.watermark_blocks = o.kv_blocks / 100;  // vLLM's 1 %
+    kv_store_ = std::make_unique<ref::GeneratorKvStore>(o.kv_blocks, o.kv_block_size,
+                                                        generator_.config().hidden_dim);
+  }
   batcher_ = std::make_unique<Batcher>(
       [this](std::span<Batcher::Sequence> batch) {
         std::size_t emitting = 0;
         for (const auto& s : batch) emitting += s.emits() ? 1 : 0;
         if (opt_.decode_delay_ms > 0)
           std::this_thread::sleep_for(std::chrono::milliseconds(opt_.decode_delay_ms));
-        text_generator_.step_sequences(batch);
+        if (kv_store_) {
+          text_generator_.step_sequences(batch, *kv_store_);
+        } else {
+          text_generator_.step_sequences(batch);
+        }
         token_rate_.add(emitting, std::chrono::steady_clock::now());
         const std::size_t n = batch.size();
         if (n >= 1 && n <= decode_batch_sizes_.size())

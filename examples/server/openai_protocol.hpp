@@ -143,6 +143,40 @@ inline std::optional<std::string> content_text(const nlohmann::json& c) {
   return s;
 }
 
+// What every OpenAI body's decoding shares: the body parsed as a JSON object (else a 400),
+// "model" a string, then fields(j, r) for the route's own fields, then "user" a string. The
+// first error, from any step, lands in `error`.
+template <class Request, class Fields>
+std::optional<Request> decode_body(std::string_view body, const DecodeLimits& dl, Request r,
+                                   ApiError& error, Fields fields) {
+  std::string msg;
+  auto parsed = parse_object(body, dl, msg);
+  if (!parsed) {
+    error = ApiError{400, msg, "", ""};
+    return std::nullopt;
+  }
+  const nlohmann::json& j = *parsed;
+  std::optional<ApiError> e;
+  if (!present(j, "model") || !j.at("model").is_string()) {
+    e = bad("model", "'model' must be a string");
+  } else {
+    r.model = j.at("model").get<std::string>();
+    e = fields(j, r);
+  }
+  if (!e && present(j, "user")) {
+    if (j.at("user").is_string()) {
+      r.user = j.at("user").get<std::string>();
+    } else {
+      e = bad("user", "'user' must be a string");
+    }
+  }
+  if (e) {
+    error = std::move(*e);
+    return std::nullopt;
+  }
+  return r;
+}
+
 }  // namespace detail
 
 // Renders chat messages as a prompt: each "<role>: <content>\n", then "assistant:" (the
@@ -155,83 +189,61 @@ inline std::string render_chat(const std::vector<std::pair<std::string, std::str
   return p;
 }
 
-// Decodes a completions (chat = false) or chat completions (chat = true) body. Unknown
-// fields are ignored; n > 1, logprobs, tools and friends are refused naming the field.
-[[nodiscard]] inline std::optional<CompletionRequest> decode_completion(std::string_view body,
-                                                                        bool chat,
-                                                                        const DecodeLimits& dl,
-                                                                        const OpenAiLimits& limits,
-                                                                        ApiError& error) {
-  std::string msg;
-  auto parsed = parse_object(body, dl, msg);
-  if (!parsed) {
-    error = ApiError{400, msg, "", ""};
-    return std::nullopt;
-  }
-  const nlohmann::json& j = *parsed;
-  auto fail = [&](std::optional<ApiError> e) {
-    error = std::move(*e);
-    return std::nullopt;
-  };
-  CompletionRequest r;
-  r.chat = chat;
-  r.max_tokens = limits.default_max_tokens;
-  if (!detail::present(j, "model") || !j.at("model").is_string())
-    return fail(detail::bad("model", "'model' must be a string"));
-  r.model = j.at("model").get<std::string>();
-  if (chat) {
+namespace detail {
+
+// A completions body's own fields (decode_completion).
+inline std::optional<ApiError> completion_fields(const nlohmann::json& j,
+                                                 const OpenAiLimits& limits, CompletionRequest& r) {
+  if (r.chat) {
     if (!detail::present(j, "messages") || !j.at("messages").is_array() || j.at("messages").empty())
-      return fail(detail::bad("messages", "'messages' must be a non-empty array"));
+      return detail::bad("messages", "'messages' must be a non-empty array");
     const auto& ms = j.at("messages");
     if (ms.size() > limits.max_messages)
-      return fail(detail::bad("messages",
-                              "'messages' holds more than " + std::to_string(limits.max_messages)));
+      return detail::bad("messages",
+                         "'messages' holds more than " + std::to_string(limits.max_messages));
     std::vector<std::pair<std::string, std::string>> rendered;
     for (std::size_t i = 0; i < ms.size(); ++i) {
       const auto& m = ms[i];
       const std::string where = "messages[" + std::to_string(i) + "]";
       if (!m.is_object() || !detail::present(m, "role") || !m.at("role").is_string())
-        return fail(detail::bad(where + ".role", "each message needs a 'role' string"));
+        return detail::bad(where + ".role", "each message needs a 'role' string");
       if (detail::present(m, "tool_calls") || m.at("role") == "tool" || m.at("role") == "function")
-        return fail(detail::bad(where, "tool and function messages are not supported"));
+        return detail::bad(where, "tool and function messages are not supported");
       const auto c = m.find("content");
       auto text =
           c == m.end() ? std::optional<std::string>(std::string()) : detail::content_text(*c);
       if (!text)
-        return fail(detail::bad(where + ".content",
-                                "'content' must be a string or an array of text parts"));
+        return detail::bad(where + ".content",
+                           "'content' must be a string or an array of text parts");
       rendered.emplace_back(m.at("role").get<std::string>(), std::move(*text));
     }
     r.prompt = render_chat(rendered);
   } else {
-    if (!detail::present(j, "prompt"))
-      return fail(detail::bad("prompt", "'prompt' must be a string"));
+    if (!detail::present(j, "prompt")) return detail::bad("prompt", "'prompt' must be a string");
     const auto& p = j.at("prompt");
     if (p.is_string()) {
       r.prompt = p.get<std::string>();
     } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
       r.prompt = p[0].get<std::string>();
     } else if (p.is_array() && p.size() > 1) {
-      return fail(
-          detail::bad("prompt", "one prompt per request: batched prompts are not supported"));
+      return detail::bad("prompt", "one prompt per request: batched prompts are not supported");
     } else {
-      return fail(
-          detail::bad("prompt", "'prompt' must be a string (token-id prompts are not supported)"));
+      return detail::bad("prompt",
+                         "'prompt' must be a string (token-id prompts are not supported)");
     }
     if (detail::present(j, "echo") && j.at("echo") == true)
-      return fail(detail::bad("echo", "'echo' is not supported"));
-    if (detail::present(j, "suffix"))
-      return fail(detail::bad("suffix", "'suffix' is not supported"));
+      return detail::bad("echo", "'echo' is not supported");
+    if (detail::present(j, "suffix")) return detail::bad("suffix", "'suffix' is not supported");
     if (detail::present(j, "best_of") && j.at("best_of") != 1)
-      return fail(detail::bad("best_of", "'best_of' other than 1 is not supported"));
+      return detail::bad("best_of", "'best_of' other than 1 is not supported");
   }
   // Refused: asked for, and not something this server does.
   if (detail::present(j, "n") && j.at("n") != 1)
-    return fail(detail::bad("n", "'n' other than 1 is not supported"));
+    return detail::bad("n", "'n' other than 1 is not supported");
   if (detail::present(j, "logprobs") && j.at("logprobs") != false)
-    return fail(detail::bad("logprobs", "'logprobs' is not supported"));
+    return detail::bad("logprobs", "'logprobs' is not supported");
   if (detail::present(j, "top_logprobs"))
-    return fail(detail::bad("top_logprobs", "'top_logprobs' is not supported"));
+    return detail::bad("top_logprobs", "'top_logprobs' is not supported");
   for (const char* k :
        {"tools", "tool_choice", "functions", "function_call", "response_format", "logit_bias"}) {
     if (!detail::present(j, k)) continue;
@@ -240,7 +252,7 @@ inline std::string render_chat(const std::vector<std::pair<std::string, std::str
     if (std::string_view(k) == "response_format" && v.is_object() && v.value("type", "") == "text")
       continue;
     if (std::string_view(k) == "tool_choice" && v == "none") continue;
-    return fail(detail::bad(k, std::string("'") + k + "' is not supported"));
+    return detail::bad(k, std::string("'") + k + "' is not supported");
   }
   // Supported.
   const char* tokens_key = nullptr;
@@ -260,19 +272,18 @@ inline std::string render_chat(const std::vector<std::pair<std::string, std::str
       n = m.get<std::int64_t>();
     }
     if (!m.is_number_integer() || n < 1 || static_cast<std::uint64_t>(n) > limits.max_tokens)
-      return fail(detail::bad(tokens_key, std::string("'") + tokens_key +
-                                              "' must be an integer from 1 to " +
-                                              std::to_string(limits.max_tokens)));
+      return detail::bad(tokens_key, std::string("'") + tokens_key +
+                                         "' must be an integer from 1 to " +
+                                         std::to_string(limits.max_tokens));
     r.max_tokens = static_cast<std::size_t>(n);
   }
-  if (auto e = detail::read_number(j, "temperature", 0.0, 2.0, r.temperature))
-    return fail(std::move(e));
-  if (auto e = detail::read_number(j, "top_p", 0.0, 1.0, r.top_p)) return fail(std::move(e));
+  if (auto e = detail::read_number(j, "temperature", 0.0, 2.0, r.temperature)) return e;
+  if (auto e = detail::read_number(j, "top_p", 0.0, 1.0, r.top_p)) return e;
   if (detail::present(j, "top_p") && !(r.top_p > 0.0f))
-    return fail(detail::bad("top_p", "'top_p' must be above 0"));
+    return detail::bad("top_p", "'top_p' must be above 0");
   if (detail::present(j, "seed")) {
     const auto& s = j.at("seed");
-    if (!s.is_number_integer()) return fail(detail::bad("seed", "'seed' must be an integer"));
+    if (!s.is_number_integer()) return detail::bad("seed", "'seed' must be an integer");
     r.seed = s.is_number_unsigned() ? static_cast<std::int64_t>(s.get<std::uint64_t>())
                                     : s.get<std::int64_t>();
   }
@@ -284,44 +295,101 @@ inline std::string render_chat(const std::vector<std::pair<std::string, std::str
     } else if (s.is_array()) {
       for (const auto& x : s) {
         if (!x.is_string())
-          return fail(detail::bad("stop", "'stop' must be a string or an array of strings"));
+          return detail::bad("stop", "'stop' must be a string or an array of strings");
         stops.push_back(x.get<std::string>());
       }
     } else {
-      return fail(detail::bad("stop", "'stop' must be a string or an array of strings"));
+      return detail::bad("stop", "'stop' must be a string or an array of strings");
     }
     if (stops.size() > limits.max_stop)
-      return fail(detail::bad(
-          "stop", "'stop' holds at most " + std::to_string(limits.max_stop) + " strings"));
+      return detail::bad("stop",
+                         "'stop' holds at most " + std::to_string(limits.max_stop) + " strings");
     for (const auto& x : stops) {
       if (x.empty() || x.size() > limits.max_stop_bytes)
-        return fail(detail::bad("stop", "each stop string must hold 1 to " +
-                                            std::to_string(limits.max_stop_bytes) + " bytes"));
+        return detail::bad("stop", "each stop string must hold 1 to " +
+                                       std::to_string(limits.max_stop_bytes) + " bytes");
     }
     r.stop = std::move(stops);
   }
   if (detail::present(j, "stream")) {
     if (!j.at("stream").is_boolean())
-      return fail(detail::bad("stream", "'stream' must be true or false"));
+      return detail::bad("stream", "'stream' must be true or false");
     r.stream = j.at("stream").get<bool>();
   }
   if (detail::present(j, "stream_options")) {
     const auto& so = j.at("stream_options");
-    if (!so.is_object())
-      return fail(detail::bad("stream_options", "'stream_options' must be an object"));
+    if (!so.is_object()) return detail::bad("stream_options", "'stream_options' must be an object");
     if (detail::present(so, "include_usage")) {
       if (!so.at("include_usage").is_boolean())
-        return fail(
-            detail::bad("stream_options.include_usage", "'include_usage' must be true or false"));
+        return detail::bad("stream_options.include_usage", "'include_usage' must be true or false");
       r.include_usage = so.at("include_usage").get<bool>();
     }
   }
-  if (detail::present(j, "user")) {
-    if (!j.at("user").is_string()) return fail(detail::bad("user", "'user' must be a string"));
-    r.user = j.at("user").get<std::string>();
-  }
-  return r;
+  return std::nullopt;
 }
+
+}  // namespace detail
+
+// Decodes a completions (chat = false) or chat completions (chat = true) body. Unknown
+// fields are ignored; n > 1, logprobs, tools and friends are refused naming the field.
+[[nodiscard]] inline std::optional<CompletionRequest> decode_completion(std::string_view body,
+                                                                        bool chat,
+                                                                        const DecodeLimits& dl,
+                                                                        const OpenAiLimits& limits,
+                                                                        ApiError& error) {
+  CompletionRequest r;
+  r.chat = chat;
+  r.max_tokens = limits.default_max_tokens;
+  return detail::decode_body(body, dl, std::move(r), error,
+                             [&](const nlohmann::json& j, CompletionRequest& out) {
+                               return detail::completion_fields(j, limits, out);
+                             });
+}
+
+namespace detail {
+
+// An embeddings body's own fields (decode_embeddings).
+inline std::optional<ApiError> embeddings_fields(const nlohmann::json& j,
+                                                 const OpenAiLimits& limits, std::size_t dimension,
+                                                 EmbeddingsRequest& r) {
+  if (!detail::present(j, "input"))
+    return detail::bad("input", "'input' must be a string or an array of strings");
+  const auto& in = j.at("input");
+  if (in.is_string()) {
+    r.inputs.push_back(in.get<std::string>());
+  } else if (in.is_array()) {
+    if (in.empty()) return detail::bad("input", "'input' must not be empty");
+    if (in.size() > limits.max_embedding_inputs)
+      return detail::bad("input", "'input' holds at most " +
+                                      std::to_string(limits.max_embedding_inputs) + " strings");
+    for (const auto& x : in) {
+      if (!x.is_string())
+        return detail::bad(
+            "input",
+            "'input' must be a string or an array of strings (token ids are not supported)");
+      r.inputs.push_back(x.get<std::string>());
+    }
+  } else {
+    return detail::bad("input", "'input' must be a string or an array of strings");
+  }
+  if (detail::present(j, "encoding_format")) {
+    const auto& f = j.at("encoding_format");
+    if (f == "base64") {
+      r.base64 = true;
+    } else if (f != "float") {
+      return detail::bad("encoding_format", "'encoding_format' must be \"float\" or \"base64\"");
+    }
+  }
+  if (detail::present(j, "dimensions")) {
+    const auto& d = j.at("dimensions");
+    if (!d.is_number_integer() || d.get<std::int64_t>() != static_cast<std::int64_t>(dimension))
+      return detail::bad("dimensions",
+                         "'dimensions' must be " + std::to_string(dimension) + " (the model's)");
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
 
 // Decodes an embeddings body: "input" a string or a non-empty array of at most
 // limits.max_embedding_inputs strings; "encoding_format" "float" (default) or "base64";
@@ -331,62 +399,10 @@ inline std::string render_chat(const std::vector<std::pair<std::string, std::str
                                                                         const OpenAiLimits& limits,
                                                                         std::size_t dimension,
                                                                         ApiError& error) {
-  std::string msg;
-  auto parsed = parse_object(body, dl, msg);
-  if (!parsed) {
-    error = ApiError{400, msg, "", ""};
-    return std::nullopt;
-  }
-  const nlohmann::json& j = *parsed;
-  auto fail = [&](std::optional<ApiError> e) {
-    error = std::move(*e);
-    return std::nullopt;
-  };
-  EmbeddingsRequest r;
-  if (!detail::present(j, "model") || !j.at("model").is_string())
-    return fail(detail::bad("model", "'model' must be a string"));
-  r.model = j.at("model").get<std::string>();
-  if (!detail::present(j, "input"))
-    return fail(detail::bad("input", "'input' must be a string or an array of strings"));
-  const auto& in = j.at("input");
-  if (in.is_string()) {
-    r.inputs.push_back(in.get<std::string>());
-  } else if (in.is_array()) {
-    if (in.empty()) return fail(detail::bad("input", "'input' must not be empty"));
-    if (in.size() > limits.max_embedding_inputs)
-      return fail(detail::bad(
-          "input",
-          "'input' holds at most " + std::to_string(limits.max_embedding_inputs) + " strings"));
-    for (const auto& x : in) {
-      if (!x.is_string())
-        return fail(detail::bad(
-            "input",
-            "'input' must be a string or an array of strings (token ids are not supported)"));
-      r.inputs.push_back(x.get<std::string>());
-    }
-  } else {
-    return fail(detail::bad("input", "'input' must be a string or an array of strings"));
-  }
-  if (detail::present(j, "encoding_format")) {
-    const auto& f = j.at("encoding_format");
-    if (f == "base64") {
-      r.base64 = true;
-    } else if (f != "float") {
-      return fail(
-          detail::bad("encoding_format", "'encoding_format' must be \"float\" or \"base64\""));
-    }
-  }
-  if (detail::present(j, "dimensions")) {
-    const auto& d = j.at("dimensions");
-    if (!d.is_number_integer() || d.get<std::int64_t>() != static_cast<std::int64_t>(dimension))
-      return fail(detail::bad(
-          "dimensions", "'dimensions' must be " + std::to_string(dimension) + " (the model's)"));
-  }
-  if (detail::present(j, "user")) {
-    if (!j.at("user").is_string()) return fail(detail::bad("user", "'user' must be a string"));
-    r.user = j.at("user").get<std::string>();
-  }
-  return r;
+  return detail::decode_body(body, dl, EmbeddingsRequest{}, error,
+                             [&](const nlohmann::json& j, EmbeddingsRequest& out) {
+                               return detail::embeddings_fields(j, limits, dimension, out);
+                             });
 }
 
 // Standard base64 (RFC 4648, with padding) of bytes. Allocates.

@@ -15,15 +15,28 @@ void Server::models(const std::shared_ptr<Connection>& c) {
   c->respond(200, dump(json{{"object", "list"}, {"data", std::move(data)}}));
 }
 
+// An OpenAI request decoded for the model `model_id`: records its user for the log and
+// returns true; else answers the decoding error, or 404 for another model, and returns false.
+template <class Request>
+bool accept_openai(Connection& c, const std::optional<Request>& decoded, const ApiError& err,
+                   std::string_view model_id, std::string_view what) {
+  if (!decoded) {
+    c.respond_api_error(err);
+    return false;
+  }
+  c.context().user = tailbatch_serve::loggable(decoded->user);
+  if (decoded->model != model_id) {
+    c.respond_api_error(model_not_found(decoded->model, what));
+    return false;
+  }
+  return true;
+}
+
 void Server::completions(const std::shared_ptr<Connection>& c,
                          const http::request<http::string_body>& req, bool chat) {
   ApiError err;
   auto decoded = tailbatch_serve::decode_completion(req.body(), chat, limits_, oai_limits_, err);
-  if (!decoded) return c->respond_api_error(err);
-  c->context().user = tailbatch_serve::loggable(decoded->user);
-  if (decoded->model != generator_model_id) {
-    return c->respond_api_error(model_not_found(decoded->model, "generate text"));
-  }
+  if (!accept_openai(*c, decoded, err, generator_model_id, "generate text")) return;
   const auto deadline = deadline_of(c, req);
   if (!deadline) return;
   Batcher::Request r;
@@ -119,6 +132,8 @@ void Server::completions(const std::shared_ptr<Connection>& c,
   };
   c->work_started();
   c->set_generate(job, nullptr);
+  // An empty prompt is the start token (the same computation), which the KV cache can hold.
+  if (r.prompt.empty()) r.prompt.push_back(ref::TextVocabulary::period);
   auto stream = batcher_->submit(std::move(r), so, std::move(cb));
   c->set_generate(job, std::move(stream));
 }
@@ -128,11 +143,7 @@ void Server::embeddings(const std::shared_ptr<Connection>& c,
   const std::size_t dim = embed_dim_;
   ApiError err;
   auto decoded = tailbatch_serve::decode_embeddings(req.body(), limits_, oai_limits_, dim, err);
-  if (!decoded) return c->respond_api_error(err);
-  c->context().user = tailbatch_serve::loggable(decoded->user);
-  if (decoded->model != embed_model_id_) {
-    return c->respond_api_error(model_not_found(decoded->model, "embed"));
-  }
+  if (!accept_openai(*c, decoded, err, embed_model_id_, "embed")) return;
   const std::size_t limit = embed_max_tokens_;
   std::size_t prompt_tokens = 0;
   std::vector<std::uint32_t> ids;

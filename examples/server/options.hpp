@@ -44,6 +44,12 @@ struct Options {
 
   std::size_t gen_max_prompt_tokens = 256;  // longer prompts get 400 (context_length_exceeded)
 
+  // The generator's KV cache (docs/kv-cache.md): blocks in the pool (0: none, the token
+  // budget decides), tokens per block, and the mode ("grow" or "reserve").
+  std::size_t kv_blocks = 0;
+  std::size_t kv_block_size = 16;
+  std::string kv_mode = "grow";
+
   std::string api_key;  // --api-key / TAILBATCH_API_KEY; empty: open
 
   // Tenants (docs/serving.md, "Tenants"): who a request is served for, and how they share.
@@ -198,6 +204,19 @@ inline int parse_options(int argc, char** argv, Options& o) {
          "Tokens the active sequences may reserve (prompt + max_tokens each); a request that alone "
          "exceeds it gets 413")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--kv-blocks", o.kv_blocks,
+                 "Generation schedules by a KV cache of this many blocks (the generator keeps each "
+                 "block's KV: block size x 2 KiB); 0: by --gen-token-budget instead")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--kv-block-size", o.kv_block_size, "Tokens per KV block")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1024}))
+      ->capture_default_str();
+  app.add_option("--kv-mode", o.kv_mode,
+                 "grow: blocks as sequences grow, preempting (and recomputing) the newest when "
+                 "the cache is full; reserve: prompt + max_tokens booked at admission")
+      ->check(CLI::IsMember({"grow", "reserve"}))
       ->capture_default_str();
   app.add_option("--gen-max-prompt-tokens", o.gen_max_prompt_tokens,
                  "Longest prompt, in tokens, a generation may have; longer ones get 400 "

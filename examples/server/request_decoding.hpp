@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 namespace tailbatch_serve {
@@ -76,35 +77,37 @@ inline constexpr std::string_view timeout_header = "X-Request-Timeout-Ms";
   return deepest;
 }
 
+namespace detail {
+
+// How every decoder here refuses: sets error to message, returns nullopt.
+inline std::nullopt_t refuse(std::string& error, std::string message) {
+  error = std::move(message);
+  return std::nullopt;
+}
+
+}  // namespace detail
+
 // Parses body as one JSON object, or sets error and returns nullopt. Allocates. Thread-safe.
 [[nodiscard]] inline std::optional<nlohmann::json> parse_object(std::string_view body,
                                                                 const DecodeLimits& limits,
                                                                 std::string& error) {
   // JSON text never holds a raw NUL; refusing it here means no parser can stop at one and
   // let the bytes after it pass unread.
-  if (body.find('\0') != std::string_view::npos) {
-    error = "the body holds a NUL byte";
-    return std::nullopt;
-  }
-  if (json_depth(body, limits.max_json_depth) > limits.max_json_depth) {
-    error = "the body nests JSON deeper than " + std::to_string(limits.max_json_depth) + " levels";
-    return std::nullopt;
-  }
+  if (body.find('\0') != std::string_view::npos)
+    return detail::refuse(error, "the body holds a NUL byte");
+  if (json_depth(body, limits.max_json_depth) > limits.max_json_depth)
+    return detail::refuse(error, "the body nests JSON deeper than " +
+                                     std::to_string(limits.max_json_depth) + " levels");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(body);
   } catch (const nlohmann::json::parse_error& e) {
     // Say where, without echoing the client's bytes back.
-    error = "malformed JSON at byte " + std::to_string(e.byte);
-    return std::nullopt;
+    return detail::refuse(error, "malformed JSON at byte " + std::to_string(e.byte));
   } catch (const nlohmann::json::exception&) {
-    error = "malformed JSON";
-    return std::nullopt;
+    return detail::refuse(error, "malformed JSON");
   }
-  if (!j.is_object()) {
-    error = "the body must be a JSON object";
-    return std::nullopt;
-  }
+  if (!j.is_object()) return detail::refuse(error, "the body must be a JSON object");
   return j;
 }
 
@@ -118,39 +121,25 @@ inline constexpr std::string_view timeout_header = "X-Request-Timeout-Ms";
   const auto text = j->find("text");
   const auto texts = j->find("texts");
   const bool has_text = text != j->end(), has_texts = texts != j->end();
-  if (has_text == has_texts) {
-    error = "give exactly one of \"text\" (a string) and \"texts\" (an array of strings)";
-    return std::nullopt;
-  }
+  if (has_text == has_texts)
+    return detail::refuse(
+        error, "give exactly one of \"text\" (a string) and \"texts\" (an array of strings)");
   ClassifyRequest r;
   if (has_text) {
-    if (!text->is_string()) {
-      error = "\"text\" must be a string";
-      return std::nullopt;
-    }
+    if (!text->is_string()) return detail::refuse(error, "\"text\" must be a string");
     r.texts.push_back(text->get<std::string>());
     return r;
   }
   r.batch_form = true;
-  if (!texts->is_array()) {
-    error = "\"texts\" must be an array of strings";
-    return std::nullopt;
-  }
-  if (texts->empty()) {
-    error = "\"texts\" must not be empty";
-    return std::nullopt;
-  }
-  if (texts->size() > limits.max_texts) {
-    error = "\"texts\" holds " + std::to_string(texts->size()) + " texts; at most " +
-            std::to_string(limits.max_texts) + " per request";
-    return std::nullopt;
-  }
+  if (!texts->is_array()) return detail::refuse(error, "\"texts\" must be an array of strings");
+  if (texts->empty()) return detail::refuse(error, "\"texts\" must not be empty");
+  if (texts->size() > limits.max_texts)
+    return detail::refuse(error, "\"texts\" holds " + std::to_string(texts->size()) +
+                                     " texts; at most " + std::to_string(limits.max_texts) +
+                                     " per request");
   r.texts.reserve(texts->size());
   for (const auto& t : *texts) {
-    if (!t.is_string()) {
-      error = "\"texts\" must be an array of strings";
-      return std::nullopt;
-    }
+    if (!t.is_string()) return detail::refuse(error, "\"texts\" must be an array of strings");
     r.texts.push_back(t.get<std::string>());
   }
   return r;
@@ -166,10 +155,8 @@ inline constexpr std::string_view timeout_header = "X-Request-Timeout-Ms";
   if (!j) return std::nullopt;
   GenerateRequest r;
   const auto prompt = j->find("prompt");
-  if (prompt == j->end() || !prompt->is_string()) {
-    error = "\"prompt\" must be a string";
-    return std::nullopt;
-  }
+  if (prompt == j->end() || !prompt->is_string())
+    return detail::refuse(error, "\"prompt\" must be a string");
   r.prompt = prompt->get<std::string>();
   r.max_tokens = limits.default_generate_tokens;
   if (const auto m = j->find("max_tokens"); m != j->end()) {
@@ -180,18 +167,13 @@ inline constexpr std::string_view timeout_header = "X-Request-Timeout-Ms";
       const auto i = m->get<std::int64_t>();
       n = i < 0 ? 0 : static_cast<std::uint64_t>(i);
     }
-    if (n < 1 || n > limits.max_generate_tokens) {
-      error = "\"max_tokens\" must be an integer from 1 to " +
-              std::to_string(limits.max_generate_tokens);
-      return std::nullopt;
-    }
+    if (n < 1 || n > limits.max_generate_tokens)
+      return detail::refuse(error, "\"max_tokens\" must be an integer from 1 to " +
+                                       std::to_string(limits.max_generate_tokens));
     r.max_tokens = static_cast<std::size_t>(n);
   }
   if (const auto s = j->find("stream"); s != j->end()) {
-    if (!s->is_boolean()) {
-      error = "\"stream\" must be true or false";
-      return std::nullopt;
-    }
+    if (!s->is_boolean()) return detail::refuse(error, "\"stream\" must be true or false");
     r.stream = s->get<bool>();
   }
   return r;
@@ -210,9 +192,9 @@ inline constexpr std::string_view timeout_header = "X-Request-Timeout-Ms";
   const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), ms);
   if (value.empty() || ec != std::errc{} || end != value.data() + value.size() || ms < 0 ||
       ms > limits.max_timeout_ms) {
-    error = std::string(timeout_header) + " must be an integer number of milliseconds from 0 to " +
-            std::to_string(limits.max_timeout_ms);
-    return std::nullopt;
+    return detail::refuse(error, std::string(timeout_header) +
+                                     " must be an integer number of milliseconds from 0 to " +
+                                     std::to_string(limits.max_timeout_ms));
   }
   return std::chrono::milliseconds(ms);
 }

@@ -246,6 +246,7 @@ class Server {
   std::unique_ptr<ServerAdmission::Limiter> limiter_;  // null with --limit 0
   ServerAdmission admission_;
   std::unique_ptr<ClassifyPipeline> pipeline_;
+  std::unique_ptr<ref::GeneratorKvStore> kv_store_;  // --kv-blocks: the generator's KV cache
   std::unique_ptr<Batcher> batcher_;
   std::unique_ptr<EmbedPipeline> embed_pipeline_;  // null with --embed-model libtorch
 #ifdef TAILBATCH_SERVE_LIBTORCH

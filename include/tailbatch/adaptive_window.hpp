@@ -14,32 +14,35 @@
 //   * the queue's and the lanes' state, from each BatchView (candidates, queued, lanes).
 //
 // From these it plans, and re-plans whenever the rate moves by more than 4 % or the cost
-// model by more than 10 %: every (window, batch size) pair of a grid — windows from 0 to
-// twice a batch of one's cost, sizes 1, 2, 3, 4, 6, 8, 12, ... up to the cap — is played
-// through a small discrete-event model of the lanes (6000 Poisson arrivals at the
-// estimated rate, served in the learned times, each scaled by the model's measured
-// spread: the last 128 ratios of a batch's time to its size's mean, replayed in turn),
-// and the objective picks the pair to put in force: the predicted p95 (or p99, when a
-// p99 target is set and is the tighter) over its target, lowest; among the pairs within
-// 5 % of that lowest tail, the one with the least lane time per request (the cheapest
-// that is as fast); then the lower tail, then the shorter window and smaller size. Plans are
-// remembered per rate, so a load that comes back costs nothing to plan again.
+// model by more than 10 % (at size 1 or the largest size with a trusted mean): every
+// (window, batch size) pair of a grid — windows from 0 to twice a batch of one's cost,
+// sizes 1, 2, 3, 4, 6, 8, 12, ... up to the cap — is played through a small discrete-event
+// model of the lanes (6000 Poisson arrivals at the estimated rate, served in the learned
+// times, each scaled by the model's measured spread: the last 128 ratios of a batch's time
+// to its size's mean, replayed in turn), and the objective picks the pair to put in force:
+// the predicted p95 (or p99, when a p99 target is set and is the tighter) over its target,
+// lowest; among the pairs within 5 % of that lowest tail, the one with the least lane time
+// per request (the cheapest that is as fast); then the lower tail, then the shorter window
+// and smaller size. Plans are remembered per rate, so a load that comes back costs nothing
+// to plan again.
 //
 // Planning cost, and its bound. Planning runs in on_batch_executed (which the Pipeline
-// calls after the batch's completions, so they never wait for it), never in decide(),
-// and in slices: one call advances the plan in the making by at most plan_slice (8192)
-// simulated requests, plus one percentile selection over 5400 latencies when a candidate
-// ends, and the plan in force stays in force until the new one is done. That is the
-// bound: O(plan_slice + max_batch) per call, about 50 µs of CPU while a plan is in the
-// making and 2 µs otherwise (bench_adaptive, Release, 2 shared vCPUs), against about
-// 7.5-16 ms for the whole grid in one call (BM_AdaptiveWindow_FullPlan). The search is
-// exact but cut short where it cannot change the answer: the nearest rate's plan is tried
-// first, a candidate is abandoned once more of its requests exceed the best objective so
-// far than its percentile allows, a candidate that would play out exactly as one already
-// run (a longer window where the window never closed a batch, a larger size where the
-// size never did) is skipped, and so are sizes that cannot keep up with the rate. A plan
-// takes about 10-40 calls; one made for a rate the load has left by more than 25 % is
-// dropped for the plan of the rate now.
+// calls after the batch's completions, so they never wait for it), never in decide(), and
+// in slices: one call advances the plan in the making by a slice of simulated requests
+// sized to the batch that reported (about 500 000 per second of its model time, within
+// 1024 to 8192), and a candidate's percentiles come from its largest latencies kept as it
+// runs (no selection pass); the plan in force stays in force until the new one is done.
+// That is the bound: O(slice + max_batch) per call, about 48 us at p99 per batch with a
+// 0.3 ms model on 2 shared vCPUs and 10 us on average (bench_adaptive RealClock, Release),
+// against about 7.5-16 ms for the whole grid in one call (BM_AdaptiveWindow_FullPlan). The
+// search is exact but cut short where it cannot change the answer: the nearest rate's plan
+// is tried first, a candidate is abandoned once more of its requests exceed the best
+// objective so far than its percentile allows, a candidate that would play out exactly as
+// one already run (a longer window where the window never closed a batch, a larger size
+// where the size never did) is skipped, and so are sizes that cannot keep up with the
+// rate. A plan takes about 10-40 calls on a model of tens of ms (some 200 with 1-2 ms
+// batches); one made for a rate the load has left by more than 25 % is dropped for the
+// plan of the rate now.
 //
 // decide() then closes a batch:
 //
@@ -149,7 +152,7 @@ class AdaptiveWindow {
 
   // Learns from one executed batch (failed batches and non-positive times are ignored).
   // Takes the state's lock, refits the cost table (O(max_batch)) and advances a plan in
-  // the making by at most plan_slice simulated requests (see the header comment: tens of
+  // the making by at most one slice of simulated requests (see the header comment: tens of
   // microseconds); never allocates. Thread-safe.
   void on_batch_executed(const BatchFeedback& f) const noexcept { state_->learn(f); }
 

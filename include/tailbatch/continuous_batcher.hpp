@@ -19,6 +19,16 @@
 // a running sequence never has to be preempted for lack of room. A sequence whose
 // reservation exceeds the whole budget is rejected at once (RejectReason::too_large).
 //
+// KV cache. With ContinuousBatcherConfig::kv (docs/kv-cache.md) the batcher schedules by a
+// KvBlockPool instead: admission by the prompt's blocks (grow, with a watermark) or by
+// prompt + max_new_tokens booked (reserve); before each step every decoding sequence gets
+// the block its next token needs, and in grow mode, when the pool is dry, the least
+// important running sequence (lowest priority, then newest admitted) is preempted: its
+// blocks freed, it returns to the front of the queue and later recomputes its prompt and
+// output (prefill_input()), its stream unaffected. Full prompt blocks are shared between
+// requests with the same prefix. The step sees each sequence's block_table() and
+// cached_tokens() (prefill starts there).
+//
 // Chunked prefill. With max_step_tokens and/or prefill_chunk set, a step processes at most
 // that many prompt + decode tokens (decoding sequences first, one token each) and at most
 // prefill_chunk prompt tokens per sequence, so that a long prompt is spread over several
@@ -75,19 +85,17 @@
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <thread>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
+#include <string_view>
 #include <tailbatch/clock.hpp>
+#include <tailbatch/detail/continuous/kv.hpp>
 #include <tailbatch/detail/continuous/waiting.hpp>
 #include <tailbatch/detail/math.hpp>
+#include <tailbatch/detail/outcome_ledger.hpp>
 #include <tailbatch/detail/request_intake.hpp>
 #include <tailbatch/detail/tenant_quotas.hpp>
-#include <tailbatch/detail/outcome_ledger.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/detail/time.hpp>
+#include <tailbatch/kv_block_pool.hpp>
 #include <tailbatch/latency_histogram.hpp>
 #include <tailbatch/littles_law.hpp>
 #include <tailbatch/load.hpp>
@@ -96,11 +104,67 @@
 #include <tailbatch/submit_options.hpp>
 #include <tailbatch/tenants.hpp>
 #include <tailbatch/token_streamer.hpp>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace tailbatch {
 
+namespace detail {
+// The KV pool of a ContinuousBatcher over Token: KvBlockPool<Token>, or NoKvPool.
+template <class Token, bool = KvToken<Token>>
+struct KvPoolFor {
+  using type = NoKvPool;
+};
+template <class Token>
+struct KvPoolFor<Token, true> {
+  using type = KvBlockPool<Token>;
+};
+}  // namespace detail
+
 // The per-sequence state of an engine that keeps none in the batcher.
 struct NoSequenceState {};
+
+// How a ContinuousBatcher budgets KV-cache memory (docs/kv-cache.md).
+enum class KvMode : std::uint8_t {
+  off,      // no KV pool: the token budget decides admission
+  grow,     // vLLM: blocks as sequences grow; preempt (and later recompute) when the pool runs dry
+  reserve,  // TGI: prompt + max_new_tokens booked at admission; never preempts
+};
+
+// A short, stable, lower-case name ("grow"). Never allocates. Thread-safe.
+[[nodiscard]] constexpr std::string_view to_string(KvMode m) noexcept {
+  switch (m) {
+    case KvMode::off:
+      return "off";
+    case KvMode::grow:
+      return "grow";
+    case KvMode::reserve:
+      return "reserve";
+  }
+  return "unknown";
+}
+
+// The KV block pool a ContinuousBatcher schedules by (ContinuousBatcherConfig::kv). Plain
+// values; checked at construction. With a mode other than off the batcher owns a
+// KvBlockPool<Token> of this shape (or uses the one passed to its constructor, whose shape
+// wins), the token budget no longer applies, and each step's sequences carry their block
+// tables (Sequence::block_table()) and cached prompt tokens (Sequence::cached_tokens()).
+struct ContinuousKvConfig {
+  KvMode mode = KvMode::off;
+  // Tokens per block. Must be >= 1.
+  std::size_t block_size = 16;
+  // Blocks in the pool: the engine's KV memory / one block's KV. Must be >= 1 when mode is
+  // not off and the batcher owns the pool.
+  std::size_t total_blocks = 0;
+  // grow: blocks that must stay available after admitting a sequence, so that the running
+  // ones can grow for a while before anything is preempted (vLLM keeps 1 % of the pool).
+  // Ignored while nothing runs (it would only keep the pool idle). Must be < total_blocks.
+  std::size_t watermark_blocks = 0;
+  // Share the full blocks of equal prompt prefixes (KvBlockPoolConfig::prefix_caching).
+  bool prefix_caching = true;
+};
 
 // How a ContinuousBatcher schedules. Plain values; checked at construction.
 struct ContinuousBatcherConfig {
@@ -125,6 +189,8 @@ struct ContinuousBatcherConfig {
   std::chrono::nanoseconds drain_timeout{std::chrono::seconds(10)};
   // Stream options for requests that do not bring their own.
   TokenStreamerConfig stream{};
+  // KV-cache memory as the admission resource (ContinuousKvConfig); off by default.
+  ContinuousKvConfig kv{};
   // The decode thread, started by the constructor. Unset: the default for the clock, 1
   // with SteadyClock, 0 with any other. 0: no thread, the caller drives poll(). At most 1
   // (std::invalid_argument "workers" otherwise). The decode thread only waits for work,
@@ -164,6 +230,13 @@ struct ContinuousBatcherStats : OutcomeCounts {
   std::uint64_t admitted = 0;                         // sequences moved into the active set
   std::uint64_t steps = 0;                            // step() calls
   std::uint64_t tokens = 0;                           // tokens emitted
+  // KV pool (all zero with KvMode::off): preemptions (grow mode) and the tokens whose KV
+  // was computed again after one (prompt and generated tokens re-prefilled, less what the
+  // prefix cache still held), and the pool's own counts (blocks total/used/cached, prefix
+  // lookups and hits).
+  std::uint64_t preemptions = 0;
+  std::uint64_t recomputed_tokens = 0;
+  KvBlockPoolStats kv{};
 
   // Load, for Little's law (take two readings and call load_between()). "In flight" is a
   // sequence in the waiting queue or the active set: from a submit that queued it to the
@@ -229,6 +302,9 @@ class ContinuousBatcher {
   using time_point = typename C::time_point;
   using duration = typename C::duration;
   using Stream = TokenStreamer<Token, C>;
+  // The KV block pool of this token type: KvBlockPool<Token>, or (for a token type the pool
+  // cannot hold) an empty stand-in, so that KvMode::off costs nothing.
+  using KvPool = typename detail::KvPoolFor<Token>::type;
 
   // One generation request: what to generate. How it is scheduled (latest start,
   // timeout, arrival, priority, cancellation) travels beside it in SubmitOptions, as for
@@ -251,7 +327,10 @@ class ContinuousBatcher {
    public:
     // Submission order, from 1. Never blocks.
     [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
-    [[nodiscard]] std::span<const Token> prompt() const noexcept { return prompt_; }
+    // The request's prompt.
+    [[nodiscard]] std::span<const Token> prompt() const noexcept {
+      return std::span<const Token>(prompt_).first(prompt_size_);
+    }
     [[nodiscard]] Priority priority() const noexcept { return priority_; }
     [[nodiscard]] TenantId tenant() const noexcept { return tenant_; }
     [[nodiscard]] std::size_t max_new_tokens() const noexcept { return max_new_; }
@@ -259,17 +338,44 @@ class ContinuousBatcher {
     [[nodiscard]] time_point deadline() const noexcept { return deadline_; }
     // When the sequence is retired if still active (time_point::max(): never). Never blocks.
     [[nodiscard]] time_point completion_deadline() const noexcept { return completion_deadline_; }
-    // Prompt tokens processed by earlier steps.
+    // What prefill computes: the prompt, or after a preemption (KvMode::grow) the prompt
+    // followed by every token generated so far, whose KV is computed again (recompute).
+    // The stream never sees the recomputed tokens twice: the step that ends this prefill
+    // emits the next new token.
+    [[nodiscard]] std::span<const Token> prefill_input() const noexcept { return prompt_; }
+    // Prefill input tokens processed by earlier steps, or already in the KV cache
+    // (cached_tokens()): prefill continues from here.
     [[nodiscard]] std::size_t prefilled() const noexcept { return prefilled_; }
-    // The prompt tokens to process in this step (empty once the prompt is done).
+    // The prefill input tokens to process in this step (empty once prefill is done).
     [[nodiscard]] std::span<const Token> prefill_chunk() const noexcept {
       return std::span<const Token>(prompt_).subspan(prefilled_, chunk_);
     }
-    // True if the prompt was fully processed before this step: the step feeds the last
-    // emitted token and emits the next one.
+    // True if the prefill input was fully processed before this step: the step feeds the
+    // last emitted token and emits the next one.
     [[nodiscard]] bool decoding() const noexcept { return prefilled_ == prompt_.size(); }
-    // True if this step should emit a token: decoding, or its prefill chunk ends the prompt.
+    // True if this step should emit a token: decoding, or its prefill chunk ends the input.
     [[nodiscard]] bool emits() const noexcept { return prefilled_ + chunk_ == prompt_.size(); }
+    // The sequence's blocks in the KV pool, in token order: token t's KV lives in block
+    // block_table()[t / block_size] at offset t % block_size, where t counts the prompt
+    // and then the generated tokens. The table holds every position this step writes.
+    // Empty with KvMode::off. Valid during this step only.
+    [[nodiscard]] std::span<const KvBlockId> block_table() const noexcept {
+      return table_.blocks();
+    }
+    // Leading prefill input tokens whose KV was already in shared blocks when the sequence
+    // was admitted (prefix reuse): prefill started at this position, and the engine reads
+    // their KV from the blocks instead of computing it. 0 with KvMode::off.
+    [[nodiscard]] std::size_t cached_tokens() const noexcept { return cached_; }
+    // The position (index in prompt + generated tokens, as in block_table()) of the first
+    // token this step feeds: prefilled() while prefilling; while decoding the position of
+    // the last emitted token, prompt().size() + generated() - 1.
+    [[nodiscard]] std::size_t position() const noexcept {
+      if (!decoding()) return prefilled_;
+      const std::size_t fed = prompt_size_ + generated_;
+      return fed == 0 ? 0 : fed - 1;
+    }
+    // Times this sequence was preempted (KvMode::grow) and recomputed.
+    [[nodiscard]] std::size_t preemptions() const noexcept { return preemptions_; }
     // Tokens emitted so far.
     [[nodiscard]] std::size_t generated() const noexcept { return generated_; }
     // The engine's per-sequence state.
@@ -282,6 +388,14 @@ class ContinuousBatcher {
     // max_new_tokens is dropped. Never blocks; allocates while the stream buffer grows.
     bool emit(Token token) noexcept {
       if (stop_ || generated_ >= max_new_) return false;
+      if constexpr (!std::is_same_v<KvPool, detail::NoKvPool>) {
+        // Kept for a recompute after a preemption.
+        if (kv_ && detail::call_guarded([&] { output_.push_back(token); }, [](const char*) {})) {
+          fail("ContinuousBatcher: out of memory keeping the generated tokens");
+          stop_ = true;
+          return false;
+        }
+      }
       if (!stream_->push(std::move(token))) {
         stop_ = true;
         return false;
@@ -330,6 +444,16 @@ class ContinuousBatcher {
     bool retired_ = false;
     bool dropped_for_stop_ = false;  // left the waiting queue because of shutdown
     std::optional<std::string> failure_;
+    // KV pool (KvMode other than off).
+    bool kv_ = false;              // grow mode: output_ is kept
+    bool preempted_ = false;       // gave up its blocks in this turn
+    std::size_t prompt_size_ = 0;  // prompt_ holds the prompt, then (after a preemption) the output
+    std::size_t cached_ = 0;
+    std::size_t computed_ = 0;  // tokens whose KV it held when it was preempted
+    std::size_t preemptions_ = 0;
+    std::uint64_t admission_no_ = 0;
+    typename KvPool::BlockTable table_{};
+    std::vector<Token> output_;  // the generated tokens, for a recompute
   };
 
   using StepFn = std::function<void(std::span<Sequence>)>;
@@ -339,8 +463,36 @@ class ContinuousBatcher {
   // (see ContinuousBatcherConfig::workers; std::system_error if it cannot start).
   // Allocates.
   explicit ContinuousBatcher(StepFn step, ContinuousBatcherConfig config = {}, C clock = C{})
-      : config_(validated(std::move(config))), step_(std::move(step)), clock_(std::move(clock)) {
+      : ContinuousBatcher(std::move(step), std::move(config), nullptr, std::move(clock)) {}
+
+  // As above, scheduling by a KV block pool the caller owns (config.kv.mode must not be
+  // off; the pool's block size, block count and prefix caching replace config.kv's, and
+  // its metrics are the pool's own). The pool must outlive the batcher, and nothing else
+  // may use it meanwhile: the batcher's stepping thread is its one owner.
+  ContinuousBatcher(StepFn step, ContinuousBatcherConfig config, KvPool& pool, C clock = C{})
+      : ContinuousBatcher(std::move(step), std::move(config), &pool, std::move(clock)) {}
+
+ private:
+  ContinuousBatcher(StepFn step, ContinuousBatcherConfig config, KvPool* pool, C clock)
+      : config_(validated(std::move(config), pool)),
+        step_(std::move(step)),
+        clock_(std::move(clock)) {
     if (!step_) detail::throw_invalid_argument("ContinuousBatcher: step must be callable");
+    if constexpr (!std::is_same_v<KvPool, detail::NoKvPool>) {
+      if (config_.kv.mode != KvMode::off) {
+        if (pool == nullptr) {
+          KvBlockPoolConfig pc;
+          pc.block_size = config_.kv.block_size;
+          pc.total_blocks = config_.kv.total_blocks;
+          pc.prefix_caching = config_.kv.prefix_caching;
+          pc.metrics = config_.metrics;
+          pc.metric_labels = config_.metric_labels;
+          own_pool_ = std::make_unique<KvPool>(std::move(pc));
+          pool = own_pool_.get();
+        }
+        pool_ = pool;
+      }
+    }
     active_.reserve(config_.max_active);
     if (config_.tenants.scheduling == Scheduling::fair) fair_.emplace(config_.tenants, config_.output_token_cost);
     if (config_.metrics) register_metrics(*config_.metrics);
@@ -350,6 +502,7 @@ class ContinuousBatcher {
     }
   }
 
+ public:
   ContinuousBatcher(const ContinuousBatcher&) = delete;
   ContinuousBatcher& operator=(const ContinuousBatcher&) = delete;
 
@@ -432,6 +585,11 @@ class ContinuousBatcher {
     s.admitted = admitted_total_.load(std::memory_order_relaxed);
     s.steps = steps_.load(std::memory_order_relaxed);
     s.tokens = tokens_.load(std::memory_order_relaxed);
+    s.preemptions = preemptions_total_.load(std::memory_order_relaxed);
+    s.recomputed_tokens = recomputed_total_.load(std::memory_order_relaxed);
+    if constexpr (!std::is_same_v<KvPool, detail::NoKvPool>) {
+      if (pool_ != nullptr) s.kv = pool_->stats();
+    }
     ledger_.fill(s.by_status, s.rejected_by_reason);
     const LoadReading r = load();
     s.observed_at = std::chrono::duration_cast<std::chrono::nanoseconds>(r.at.time_since_epoch());
@@ -466,7 +624,29 @@ class ContinuousBatcher {
  private:
   using Waiting = detail::CbatchWaiting<Sequence>;
 
-  static ContinuousBatcherConfig validated(ContinuousBatcherConfig c) {
+  static ContinuousBatcherConfig validated(ContinuousBatcherConfig c, const KvPool* pool) {
+    if (c.kv.mode != KvMode::off) {
+      if constexpr (std::is_same_v<KvPool, detail::NoKvPool>) {
+        detail::throw_invalid_argument(
+            "ContinuousBatcher: kv.mode needs a token type the KV pool can hold (KvToken)");
+      } else {
+        if (pool != nullptr) {
+          c.kv.block_size = pool->block_size();
+          c.kv.total_blocks = pool->total_blocks();
+          c.kv.prefix_caching = pool->prefix_caching();
+        }
+        if (c.kv.block_size < 1)
+          detail::throw_invalid_argument("ContinuousBatcher: kv.block_size must be >= 1");
+        if (c.kv.total_blocks < 1)
+          detail::throw_invalid_argument("ContinuousBatcher: kv.total_blocks must be >= 1");
+        if (c.kv.watermark_blocks >= c.kv.total_blocks)
+          detail::throw_invalid_argument(
+              "ContinuousBatcher: kv.watermark_blocks must be < kv.total_blocks");
+      }
+    } else if (pool != nullptr) {
+      detail::throw_invalid_argument(
+          "ContinuousBatcher: kv.mode must be grow or reserve with a KV pool");
+    }
     if (c.max_active < 1) detail::throw_invalid_argument("ContinuousBatcher: max_active must be >= 1");
     if (c.token_budget < 1) detail::throw_invalid_argument("ContinuousBatcher: token_budget must be >= 1");
     if (c.queue_capacity < 1) detail::throw_invalid_argument("ContinuousBatcher: queue_capacity must be >= 1");
@@ -516,7 +696,16 @@ class ContinuousBatcher {
       complete(*stream, Status::ok, {});
       return stream;
     }
-    if (reserve > config_.token_budget || reserve < request.prompt.size()) {
+    if (pool_ != nullptr) {
+      if (std::string why = kv_refusal(request); !why.empty()) {
+        if (request.prompt.empty()) {
+          complete(*stream, Status::failed, why);
+        } else {
+          complete(*stream, Status::rejected, why, RejectReason::too_large);
+        }
+        return stream;
+      }
+    } else if (reserve > config_.token_budget || reserve < request.prompt.size()) {
       complete(*stream, Status::rejected,
                "ContinuousBatcher: prompt (" + std::to_string(request.prompt.size()) +
                    ") + max_new_tokens (" + std::to_string(request.max_new_tokens) +
@@ -531,6 +720,9 @@ class ContinuousBatcher {
 
     Sequence seq;
     seq.prompt_ = std::move(request.prompt);
+    seq.prompt_size_ = seq.prompt_.size();
+    seq.kv_ =
+        pool_ != nullptr && config_.kv.mode == KvMode::grow;  // keeps its output for a recompute
     seq.max_new_ = request.max_new_tokens;
     seq.state_ = std::move(request.state);
     seq.priority_ = options.priority;
@@ -590,6 +782,21 @@ class ContinuousBatcher {
     return stream;
   }
 
+  // Why the KV pool can never run this request (empty: it can). grow: the prompt alone must
+  // fit in the whole pool; reserve: prompt + max_new_tokens must.
+  std::string kv_refusal(const Request& r) const {
+    if (r.prompt.empty())
+      return "ContinuousBatcher: a KV-cached sequence needs a prompt of at least one token (a "
+             "start token)";
+    const bool reserve = config_.kv.mode == KvMode::reserve;
+    const std::size_t tokens = reserve ? r.prompt.size() + r.max_new_tokens : r.prompt.size();
+    if (tokens >= r.prompt.size() && pool_->can_ever_fit(tokens)) return {};
+    return std::string("ContinuousBatcher: ") +
+           (reserve ? "prompt + max_new_tokens (" : "prompt (") + std::to_string(tokens) +
+           " tokens) exceeds the KV pool (" + std::to_string(pool_->total_blocks()) +
+           " blocks of " + std::to_string(pool_->block_size()) + " tokens)";
+  }
+
   // Closes a stream (first close wins) and counts how it actually ended.
   void complete(Stream& stream, Status status, std::string message,
                 RejectReason reason = RejectReason::none,
@@ -615,7 +822,7 @@ class ContinuousBatcher {
 
   bool idle_locked() {
     std::lock_guard lock(mutex_);
-    return active_.empty() && waiting_.empty();
+    return active_.empty() && waiting_.empty() && preempted_.empty();
   }
 
   // The decode thread: wait for work, turn, repeat until shut down and drained.
@@ -623,8 +830,10 @@ class ContinuousBatcher {
     for (;;) {
       {
         std::unique_lock lock(mutex_);
-        cv_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !active_.empty(); });
-        if (stopping_ && waiting_.empty() && active_.empty()) return;
+        cv_.wait(lock, [&] {
+          return stopping_ || !waiting_.empty() || !active_.empty() || !preempted_.empty();
+        });
+        if (stopping_ && waiting_.empty() && active_.empty() && preempted_.empty()) return;
       }
       // Only allocation failures escape turn() (step() exceptions are caught there); the
       // loop lives on and tries again.
@@ -661,6 +870,15 @@ class ContinuousBatcher {
     }
     compact();
 
+    // 1b. KV pool: end preempted sequences that were cancelled or ran out of time, then
+    //     give every decoding sequence the block its next token needs, preempting the
+    //     least important ones (grow mode) when the pool runs dry.
+    bool preempted_now = false;
+    if (pool_ != nullptr) {
+      retire_preempted(stopping, drain_deadline, report);
+      preempted_now = grow_active(report);
+    }
+
     // 2. Drop waiting sequences that were cancelled or expired (or all of them when
     //    shutting down). Their streams are closed after the step (complete_late below):
     //    their callbacks never delay the step, nor make a sequence admitted next miss its
@@ -694,7 +912,20 @@ class ContinuousBatcher {
       std::lock_guard lock(mutex_);
       stopping = stopping_;
       std::size_t reserved = reserved_.load(std::memory_order_relaxed);
-      while (!waiting_.empty() && active_.size() < config_.max_active) {
+      // A preempted sequence comes back before anything new: it is at the queue's front.
+      // Nothing is admitted in a turn that had to preempt: the pool is short already.
+      bool kv_full = preempted_now;
+      while (!kv_full && !preempted_.empty() && active_.size() < config_.max_active) {
+        if (!kv_admit(preempted_.front())) {
+          kv_full = true;
+          break;
+        }
+        preempted_.front().admitted_at_ = now;
+        reserved += preempted_.front().reserved_;
+        active_.push_back(std::move(preempted_.front()));
+        preempted_.erase(preempted_.begin());
+      }
+      while (!kv_full && !waiting_.empty() && active_.size() < config_.max_active) {
         auto it = next_waiting_locked();
         if (stopping || must_drop(it->second, now)) {
           it->second.dropped_for_stop_ = stopping;
@@ -705,7 +936,9 @@ class ContinuousBatcher {
         }
         // No bypass: if the head does not fit, nothing behind it is admitted either, so a
         // large sequence is never starved by a stream of small ones.
-        if (reserved + it->second.reserved_ > config_.token_budget) break;
+        if (pool_ == nullptr ? reserved + it->second.reserved_ > config_.token_budget
+                             : !kv_admit(it->second))
+          break;
         reserved += it->second.reserved_;
         left_waiting_locked(it->second, true);
         it->second.admitted_at_ = now;
@@ -715,7 +948,7 @@ class ContinuousBatcher {
       }
       depart_locked(std::span<const Sequence>(dropped).subspan(dropped_waiting), now);
       reserved_.store(reserved, std::memory_order_relaxed);
-      waiting_count_.store(waiting_.size(), std::memory_order_relaxed);
+      waiting_count_.store(waiting_.size() + preempted_.size(), std::memory_order_relaxed);
       active_count_.store(active_.size(), std::memory_order_relaxed);
     }
     if (report.admitted > 0) note_admissions(report.admitted);
@@ -780,6 +1013,17 @@ class ContinuousBatcher {
     for (std::size_t i = 0; i < scheduled; ++i) {
       Sequence& s = active_[i];
       s.prefilled_ += s.chunk_;
+      if constexpr (!std::is_same_v<KvPool, detail::NoKvPool>) {
+        // The step wrote this chunk's KV: full prompt blocks become shareable.
+        if (pool_ != nullptr && s.chunk_ > 0 && !failure)
+          pool_->commit(s.table_, std::span<const Token>(s.prompt_).first(s.prefilled_));
+        // A decode step that filled a block of generated tokens (grow mode keeps them):
+        // shareable too, by a next turn that repeats the conversation, or by this
+        // sequence's own recompute after a preemption.
+        else if (pool_ != nullptr && !failure && s.kv_ && config_.kv.prefix_caching && s.decoding() &&
+                 s.generated_ > 0)
+          commit_output(s);
+      }
       s.chunk_ = 0;
       report.emitted += s.emitted_in_step_;
       if (failure) {
@@ -803,7 +1047,6 @@ class ContinuousBatcher {
     return report;
   }
 
-  // True when a waiting sequence can no longer be admitted in time, or was cancelled.
   // The waiting sequence to serve next (waiting_ not empty): the first in key order, or
   // with fair scheduling the first of the tenant with the smallest counter. mutex_ held.
   typename Waiting::iterator next_waiting_locked() noexcept {
@@ -829,8 +1072,206 @@ class ContinuousBatcher {
     }
   }
 
+  // True when a waiting sequence can no longer be admitted in time, or was cancelled.
   static bool must_drop(const Sequence& s, time_point now) noexcept {
     return s.stream_->cancel_requested() || now > s.deadline_ || now >= s.completion_deadline_;
+  }
+
+  // KV pool: allocates the blocks of s's prefill input (all of it; reserve mode books
+  // max_new_tokens too) and starts its prefill after the cached prefix. False when the
+  // pool has no room now: s waits, and nothing behind it is admitted. Called with mutex_
+  // held, on the stepping thread (the pool's owner).
+  bool kv_admit(Sequence& s) {
+    if constexpr (std::is_same_v<KvPool, detail::NoKvPool>) {
+      (void)s;
+      return true;
+    } else {
+      KvAllocateOptions o;
+      o.max_tokens = s.prompt_size_ + s.max_new_;
+      o.reserve = config_.kv.mode == KvMode::reserve;
+      o.watermark_blocks =
+          config_.kv.mode == KvMode::grow && !active_.empty() ? config_.kv.watermark_blocks : 0;
+      if (pool_->allocate(s.table_, std::span<const Token>(s.prompt_), o) != KvAllocStatus::ok)
+        return false;
+      s.cached_ = s.table_.cached_tokens();
+      s.prefilled_ = s.cached_;
+      s.admission_no_ = ++admissions_;
+      if (s.computed_ > s.cached_) {
+        const std::size_t again = s.computed_ - s.cached_;
+        recomputed_total_.fetch_add(again, std::memory_order_relaxed);
+        if (metrics_.recomputed != nullptr) metrics_.recomputed->inc(again);
+      }
+      s.computed_ = 0;
+      return true;
+    }
+  }
+
+  // KV pool, grow mode: indexes the block the last decode step filled, if it did. Its
+  // tokens are the prompt and then the output, copied together once per full block (the
+  // pool hashes a sequence from its start). Skipped if that copy cannot allocate.
+  void commit_output(Sequence& s) noexcept {
+    if constexpr (!std::is_same_v<KvPool, detail::NoKvPool>) {
+      const std::size_t written = s.prompt_size_ + s.generated_ - 1;  // the last emitted is not fed yet
+      if (written <= s.prompt_.size() || written % pool_->block_size() != 0) return;
+      if (detail::call_guarded(
+              [&] {
+                kv_scratch_.assign(s.prompt_.begin(),
+                                   s.prompt_.begin() + static_cast<std::ptrdiff_t>(s.prompt_size_));
+                kv_scratch_.insert(kv_scratch_.end(), s.output_.begin(), s.output_.end());
+              },
+              [](const char*) {}))
+        return;
+      pool_->commit(s.table_, std::span<const Token>(kv_scratch_).first(std::min(written, kv_scratch_.size())));
+    }
+  }
+
+  // KV pool: ends the preempted sequences that were cancelled, closed by their consumer,
+  // past their completion deadline, or (shutting down) past the drain deadline: they had
+  // started, so they end as active ones do. Stepping thread only.
+  void retire_preempted(bool stopping, time_point drain_deadline,
+                        ContinuousBatcherPollResult& report) {
+    std::vector<Sequence> gone;
+    const time_point now = clock_.now();
+    {
+      std::lock_guard lock(mutex_);
+      for (auto it = preempted_.begin(); it != preempted_.end();) {
+        if (it->stream_->closed() || it->stream_->cancel_requested() ||
+            now >= it->completion_deadline_ || (stopping && now >= drain_deadline)) {
+          gone.push_back(std::move(*it));
+          it = preempted_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    if (gone.empty()) return;
+    for (auto& seq : gone) {
+      if (seq.stream_->closed()) {
+        retire(seq, report);
+      } else if (seq.stream_->cancel_requested()) {
+        finish_with(seq, Status::cancelled, "cancelled by the consumer", report);
+      } else if (now >= seq.completion_deadline_) {
+        finish_with(
+            seq, Status::deadline_exceeded,
+            "completion_deadline passed after " + std::to_string(seq.generated_) + " tokens",
+            report);
+      } else {
+        finish_with(seq, Status::cancelled, "ContinuousBatcher: shutdown drain timeout", report);
+      }
+    }
+    const time_point left = clock_.now();
+    std::lock_guard lock(mutex_);
+    for (const auto& seq : gone) {
+      settle_tenant_locked(seq);
+      ledger_.leave(as_batch_time(left), 1, 1, as_batch_time(seq.admitted_at_),
+                    std::chrono::duration_cast<BatchDuration>(
+                        std::max(left - seq.queued_at_, duration::zero())));
+    }
+    waiting_count_.store(waiting_.size() + preempted_.size(), std::memory_order_relaxed);
+  }
+
+  // KV pool: makes every decoding sequence's table hold the token its next step writes.
+  // The most important sequences grow first; when the pool is dry, the least important
+  // running sequence (detail::cbatch_preempt_before) is preempted: its blocks are freed
+  // and it goes back to the front of the queue, to recompute its prompt and output. A
+  // sequence that cannot grow even alone fails. Returns whether anything was preempted.
+  // Stepping thread only.
+  bool grow_active(ContinuousBatcherPollResult& report) {
+    if constexpr (std::is_same_v<KvPool, detail::NoKvPool>) {
+      (void)report;
+      return false;
+    } else {
+      kv_order_.clear();
+      for (auto& seq : active_) kv_order_.push_back(&seq);
+      std::sort(kv_order_.begin(), kv_order_.end(), [](const Sequence* a, const Sequence* b) {
+        return detail::cbatch_preempt_before(importance(*b), b->admission_no_, importance(*a),
+                                             a->admission_no_);
+      });
+      bool preempted = false;
+      bool ended = false;
+      for (Sequence* seq : kv_order_) {
+        if (seq->preempted_ || seq->retired_ || !seq->decoding()) continue;
+        const std::size_t need = seq->prompt_size_ + seq->generated_;
+        for (;;) {
+          const KvAllocStatus st = pool_->grow(seq->table_, need);
+          if (st == KvAllocStatus::ok) break;
+          Sequence* victim = nullptr;
+          bool alone = true;
+          for (auto it = kv_order_.rbegin(); it != kv_order_.rend(); ++it) {
+            if ((*it)->preempted_ || (*it)->retired_) continue;
+            if (victim == nullptr) victim = *it;
+            if (*it != seq) alone = false;
+          }
+          if (st == KvAllocStatus::too_large || config_.kv.mode == KvMode::reserve || alone) {
+            finish_with(*seq, Status::failed,
+                        "ContinuousBatcher: the KV pool cannot hold " + std::to_string(need) +
+                            " tokens of this sequence (" + std::to_string(pool_->total_blocks()) +
+                            " blocks of " + std::to_string(pool_->block_size()) + " tokens)",
+                        report);
+            ended = true;
+            break;
+          }
+          preempt(*victim, report);
+          preempted = true;
+          if (victim == seq) break;
+        }
+      }
+      if (preempted) requeue_preempted();
+      if (ended || preempted) compact();
+      return preempted;
+    }
+  }
+
+  // Frees a running sequence's blocks and readies it for a recompute: its prefill input
+  // becomes prompt + output. Stepping thread only.
+  void preempt(Sequence& seq, ContinuousBatcherPollResult& report) {
+    if constexpr (!std::is_same_v<KvPool, detail::NoKvPool>) {
+      seq.computed_ = seq.decoding() ? seq.prompt_size_ + seq.generated_ - 1 : seq.prefilled_;
+      pool_->free(seq.table_);
+      if (detail::call_guarded(
+              [&] {
+                seq.prompt_.resize(seq.prompt_size_);
+                seq.prompt_.insert(seq.prompt_.end(), seq.output_.begin(), seq.output_.end());
+              },
+              [](const char*) {})) {
+        finish_with(seq, Status::failed, "ContinuousBatcher: out of memory preparing a recompute",
+                    report);
+        return;
+      }
+      seq.prefilled_ = 0;
+      seq.cached_ = 0;
+      seq.preempted_ = true;
+      ++seq.preemptions_;
+      preemptions_total_.fetch_add(1, std::memory_order_relaxed);
+      if (metrics_.preemptions != nullptr) metrics_.preemptions->inc();
+    }
+  }
+
+  // Moves the preempted sequences from the active set to the front of the queue
+  // (preempted_), the most important and oldest first. Stepping thread only.
+  void requeue_preempted() {
+    std::lock_guard lock(mutex_);
+    std::size_t released = 0;
+    for (auto& seq : active_) {
+      if (!seq.preempted_ || seq.retired_) continue;
+      seq.preempted_ = false;
+      released += seq.reserved_;
+      const auto at = std::upper_bound(
+          preempted_.begin(), preempted_.end(), seq, [](const Sequence& a, const Sequence& b) {
+            return importance(a) != importance(b) ? importance(a) > importance(b) : a.id_ < b.id_;
+          });
+      preempted_.insert(at, std::move(seq));
+      seq.retired_ = true;  // the moved-from husk: compact() erases it
+      seq.preempted_ = true;
+    }
+    std::erase_if(active_, [](const Sequence& q) { return q.retired_ && q.preempted_; });
+    reserved_.fetch_sub(released, std::memory_order_relaxed);
+    active_count_.store(active_.size(), std::memory_order_relaxed);
+    waiting_count_.store(waiting_.size() + preempted_.size(), std::memory_order_relaxed);
+  }
+
+  static int importance(const Sequence& s) noexcept {
+    return static_cast<int>(Priority::normal) - static_cast<int>(s.priority_);
   }
 
   // Closes a sequence that left the waiting queue at `when` without running.
@@ -877,15 +1318,21 @@ class ContinuousBatcher {
     std::lock_guard lock(mutex_);
     for (const auto& s : active_) {
       if (!s.retired_) continue;
-      // Fair scheduling: the output tokens reserved and not generated are refunded.
-      if (fair_ && s.generated_ < s.max_new_) fair_->charge(s.tenant_, -fair_->cost(0, s.max_new_ - s.generated_));
-      if (quotas_.enabled()) quotas_.done(s.tenant_);
+      settle_tenant_locked(s);
       ledger_.leave(t, 1, 1, as_batch_time(s.admitted_at_),
                     std::chrono::duration_cast<BatchDuration>(std::max(now - s.queued_at_, duration::zero())));
     }
     std::erase_if(active_, [](const Sequence& s) { return s.retired_; });
     reserved_.fetch_sub(released, std::memory_order_relaxed);
     active_count_.store(active_.size(), std::memory_order_relaxed);
+  }
+
+  // A sequence that ran (or was admitted and preempted) ends: fair scheduling refunds the
+  // output tokens it reserved and did not generate; its tenant's quota counts it done.
+  // mutex_ held. Never throws.
+  void settle_tenant_locked(const Sequence& s) noexcept {
+    if (fair_ && s.generated_ < s.max_new_) fair_->charge(s.tenant_, -fair_->cost(0, s.max_new_ - s.generated_));
+    if (quotas_.enabled()) quotas_.done(s.tenant_);
   }
 
   void note_admissions(std::size_t n) noexcept { admitted_total_.fetch_add(n, std::memory_order_relaxed); }
@@ -899,6 +1346,8 @@ class ContinuousBatcher {
     Counter* steps = nullptr;
     LatencyHistogram* step_seconds = nullptr;
     LatencyHistogram* queue_wait = nullptr;
+    Counter* preemptions = nullptr;  // KV pool only
+    Counter* recomputed = nullptr;   // KV pool only
     CallbackRegistration active_gauge, waiting_gauge, reserved_gauge;
 
     const StreamMetrics* streams_ptr() const noexcept { return enabled ? &streams : nullptr; }
@@ -950,12 +1399,26 @@ class ContinuousBatcher {
     metrics_.reserved_gauge = r.gauge_callback("tailbatch_generation_reserved_tokens",
                                                "Token budget reserved by the active set", base,
                                                [this] { return static_cast<double>(reserved_tokens_approx()); });
+    if (config_.kv.mode != KvMode::off) {
+      metrics_.preemptions =
+          &r.counter("tailbatch_generation_preemptions_total",
+                     "Sequences preempted for KV memory (their KV is recomputed later)", base);
+      metrics_.recomputed =
+          &r.counter("tailbatch_generation_recomputed_tokens_total",
+                     "Tokens whose KV was computed again after a preemption", base);
+    }
     metrics_.enabled = true;
   }
 
   const ContinuousBatcherConfig config_;
   const StepFn step_;
   C clock_;
+  // The KV pool (KvMode other than off): owned, or the caller's. Declared before every
+  // container of sequences, whose block tables it must outlive.
+  std::unique_ptr<KvPool> own_pool_;
+  KvPool* pool_ = nullptr;
+  std::atomic<std::uint64_t> preemptions_total_{0};
+  std::atomic<std::uint64_t> recomputed_total_{0};
 
   std::atomic<std::size_t> active_count_{0};
   std::atomic<std::size_t> waiting_count_{0};
@@ -979,6 +1442,12 @@ class ContinuousBatcher {
   std::uint64_t next_id_ = 0;
 
   std::vector<Sequence> active_;  // contents: the stepping thread only
+  // Preempted sequences, the front of the queue: readmitted before waiting_. Guarded by
+  // mutex_; changed by the stepping thread only.
+  std::vector<Sequence> preempted_;
+  std::vector<Sequence*> kv_order_;  // grow_active()'s scratch
+  std::vector<Token> kv_scratch_;    // commit_output()'s scratch
+  std::uint64_t admissions_ = 0;     // admission order, for preemption (stepping thread)
 
   std::mutex step_mutex_;     // serializes poll() calls
   std::mutex control_mutex_;  // serializes shutdown()s

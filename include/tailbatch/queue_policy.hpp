@@ -9,12 +9,12 @@
 //                  request has waited longer than codel_target, or more requests wait than
 //                  one batch holds), newest first, so that a backlog costs the old requests
 //                  rather than every request (Facebook's adaptive LIFO).
-//   codel          oldest first, and when the queue's minimum wait over each
-//                  codel_interval stays above codel_target, requests are dropped
-//                  (rejected/shed) as they leave the queue, at the control law's
-//                  shrinking spacing (interval / sqrt(drops)), until the wait falls back
-//                  below target (Nichols and Jacobson's CoDel, as folly's CoDel applies it
-//                  to request queues).
+//   codel          oldest first; when the queue's minimum wait over a whole codel_interval
+//                  stayed above codel_target (a standing queue, not a burst), every request
+//                  that has waited longer than 2 x codel_target is dropped (rejected/shed)
+//                  as the leader forms the next batch, until an interval's minimum falls
+//                  back to target (CoDel as folly's Codel applies it to request queues).
+//                  Set codel_target to about half the wait a request may spend queued.
 //
 // Priorities, deadlines and fair scheduling between tenants hold under every policy; the
 // policy orders and drops within what they leave. docs/pipeline.md says when to use which.
@@ -68,8 +68,8 @@ enum class QueuePolicy : std::uint8_t { reject_newest, shed_oldest, adaptive_lif
 // PipelineConfig::queue. A plain value. Thread-safety: as for any value type.
 struct QueuePolicyConfig {
   QueuePolicy policy = QueuePolicy::reject_newest;
-  // CoDel: the queue wait it keeps the minimum below, and the window over which the
-  // minimum is taken (folly's defaults). adaptive-lifo reads codel_target as the wait
+  // CoDel: the queue wait it keeps the minimum below (a standing queue sheds what waited
+  // past twice this), and the window over which the minimum is taken (folly's defaults). adaptive-lifo reads codel_target as the wait
   // past which a queue has formed. Both > 0, target < interval.
   BatchDuration codel_target = std::chrono::milliseconds(5);
   BatchDuration codel_interval = std::chrono::milliseconds(100);

@@ -22,14 +22,11 @@
 
 using tailbatch::cuda::DeviceGenerator;
 using namespace tailbatch::reference;
+using tailbatch::test::prompt_of;
 
 namespace {
 
-std::vector<std::int32_t> prompt_of(std::size_t i, std::size_t vocab) {
-  std::vector<std::int32_t> p(1 + (i * 7) % 19);
-  for (std::size_t k = 0; k < p.size(); ++k) p[k] = static_cast<std::int32_t>((i * 131 + k * 17 + 1) % vocab);
-  return p;
-}
+constexpr std::size_t kPromptLengths = 19;  // prompts of 1 to 19 tokens
 
 struct Seq {
   std::vector<std::int32_t> prompt;
@@ -46,7 +43,7 @@ std::vector<Seq> run(const Generator& cpu, std::size_t count, std::size_t n, Ste
   const std::size_t V = cpu.config().vocab_size;
   std::vector<Seq> seqs(count);
   for (std::size_t i = 0; i < count; ++i) {
-    seqs[i].prompt = prompt_of(i, V);
+    seqs[i].prompt = prompt_of(i, V, kPromptLengths);
     seqs[i].state = cpu.new_state(100 + i);
   }
   for (;;) {
@@ -125,7 +122,7 @@ int main() {
       // Batch invariance on the device: each sequence alone gives the same bits.
       for (std::size_t i = 0; i < 37; i += 6) {
         GeneratorState s = cpu.new_state(100 + i);
-        auto prompt = prompt_of(i, c.vocab_size);
+        auto prompt = prompt_of(i, c.vocab_size, kPromptLengths);
         GeneratorLane lane;
         lane.state = &s;
         lane.feed = prompt;
@@ -159,7 +156,7 @@ int main() {
       OutputLengths lengths(1, 40, 9);
       for (std::size_t i = 0; i < 20; ++i) {
         Batcher::Request r;
-        r.prompt = prompt_of(i, 2048);
+        r.prompt = prompt_of(i, 2048, kPromptLengths);
         r.max_new_tokens = lengths.next();
         r.state = cpu.new_state(i);
         expected.push_back(solo.generate(r.prompt, r.max_new_tokens, solo.new_state(i)));

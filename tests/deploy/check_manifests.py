@@ -26,7 +26,6 @@ import glob
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -48,13 +47,11 @@ def arg(name):
 
 def from_server(serve):
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "server"))
-    import test_server as ts  # the e2e test's Server helper: --port 0 on 127.0.0.1, killed at exit
+    import harness  # the server tests' harness: --port 0 on 127.0.0.1, killed at the end
 
-    ts.SERVE = serve
     try:
-        srv = ts.Server("--autoscale-interval-s", "0.2", "--max-batch", "4", "--warmup-rounds", "1",
-                        "--capacity-rps", "410")
-        srv.wait_ready()
+        srv = harness.Server(serve, "--autoscale-interval-s", "0.2", "--max-batch", "4", "--warmup-rounds", "1",
+                             "--capacity-rps", "410")
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
         for i in range(20):
             conn.request("POST", "/v1/classify", json.dumps({"text": "request %d" % i}),
@@ -67,20 +64,20 @@ def from_server(serve):
         end = time.monotonic() + 15
         body = ""
         while time.monotonic() < end:
-            s, _, body = ts.curl(srv, "GET", "/metrics")
+            s, raw = srv.http("GET", "/metrics")
+            body = raw.decode()
             m = re.search(r"^tailbatch_autoscaler_evaluations_total\S* (\S+)$", body, re.M)
             if s == 200 and m and float(m.group(1)) >= 2:
                 break
             time.sleep(0.1)
         else:
-            ts.fail("tailbatch-serve's Autoscaler did not evaluate twice within 15 s")
-        srv.proc.send_signal(signal.SIGTERM)
-        if srv.proc.wait(timeout=15) != 0:
+            harness.fail("tailbatch-serve's Autoscaler did not evaluate twice within 15 s")
+        if srv.terminate() != 0:
             error("tailbatch-serve did not exit 0 after SIGTERM")
         print("exposition: the live /metrics of %s" % serve)
         return body
     finally:
-        ts.kill_all()
+        harness.kill_all()
 
 
 def from_program(program):

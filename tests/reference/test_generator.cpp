@@ -34,12 +34,6 @@ GeneratorConfig small(float temperature = 0.0f) {
   return c;
 }
 
-std::vector<std::int32_t> prompt_of(std::size_t i, std::size_t vocab) {
-  std::vector<std::int32_t> p(1 + (i * 7) % 23);
-  for (std::size_t k = 0; k < p.size(); ++k) p[k] = static_cast<std::int32_t>((i * 131 + k * 17 + 1) % vocab);
-  return p;
-}
-
 // A sequence's run: its tokens and the logits of each emission.
 struct Run {
   std::vector<std::int32_t> tokens;
@@ -62,6 +56,7 @@ Run alone(Generator& g, std::span<const std::int32_t> prompt, std::size_t n, std
   return r;
 }
 
+using tailbatch::test::prompt_of;
 using tailbatch::test::same_bits;
 
 // Runs many sequences together: each step, the live ones in a shuffled order, prompts fed

@@ -26,15 +26,14 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import test_server as ts  # noqa: E402  (Server, curl, check, fail: the e2e test's helpers)
+import harness
+from harness import check, fail, left
 
-check, fail = ts.check, ts.fail
+SERVE = sys.argv[1]
 
 
 def series(body, name):
@@ -53,14 +52,14 @@ def value(body, name):
 
 
 def scrape(srv):
-    s, _, b = ts.curl(srv, "GET", "/metrics")
+    s, b = srv.http("GET", "/metrics")
     if s != 200:
         fail("/metrics answered %d" % s)
-    return b
+    return b.decode()
 
 
 def wait_metrics(srv, pred, what, seconds=10):
-    end = time.monotonic() + min(seconds, ts.left())
+    end = time.monotonic() + min(seconds, left())
     while time.monotonic() < end:
         b = scrape(srv)
         if pred(b):
@@ -93,11 +92,10 @@ def main():
     # ---- A -----------------------------------------------------------------------------
     os.environ["TAILBATCH_REPLICAS"] = "3"
     try:
-        a = ts.Server("--autoscale-interval-s", "0.2", "--capacity-rps", "1", "--max-batch", "4",
-                      "--warmup-rounds", "1", "--slo-p95-ms", "10000")
+        a = harness.Server(SERVE, "--autoscale-interval-s", "0.2", "--capacity-rps", "1", "--max-batch", "4",
+                           "--warmup-rounds", "1", "--slo-p95-ms", "10000")
     finally:
         del os.environ["TAILBATCH_REPLICAS"]
-    a.wait_ready()
     b = wait_metrics(a, lambda b: evaluations(b) >= 2, "no Autoscaler evaluation within 10 s of ready")
     desired = series(b, "tailbatch_autoscaler_desired_replicas")
     check(list(desired) == ['{pipeline="classify"}'],
@@ -155,17 +153,12 @@ def main():
     else:
         print("skip promtool not found (Debian package prometheus; scripts/deps.sh --test)")
 
-    a.proc.send_signal(signal.SIGTERM)
-    try:
-        rc = a.proc.wait(timeout=min(15, ts.left()))
-    except subprocess.TimeoutExpired:
-        fail("tailbatch-serve with a running autoscale timer did not exit after SIGTERM")
+    rc = a.terminate()
     check(rc == 0, "SIGTERM stops the autoscale timer with the drain; exit 0 (exit %d)" % rc)
 
     # ---- B: the capacity measured by the warm-up ---------------------------------------
-    bsrv = ts.Server("--autoscale-interval-s", "0.2", "--max-batch", "4", "--model-delay-ms", "50",
-                     "--warmup-rounds", "2")
-    bsrv.wait_ready()
+    bsrv = harness.Server(SERVE, "--autoscale-interval-s", "0.2", "--max-batch", "4", "--model-delay-ms", "50",
+                          "--warmup-rounds", "2")
     b = wait_metrics(bsrv, lambda b: evaluations(b) >= 1, "no evaluation without --capacity-rps")
     cap = value(b, "tailbatch_autoscaler_capacity_rps")
     check(0 < cap <= 80.0, "without --capacity-rps the warm-up measures the capacity: %g requests/s "
@@ -175,8 +168,7 @@ def main():
     bsrv.stop()
 
     # ---- C: off ------------------------------------------------------------------------
-    csrv = ts.Server("--autoscale-interval-s", "0", "--max-batch", "2", "--warmup-rounds", "1")
-    csrv.wait_ready()
+    csrv = harness.Server(SERVE, "--autoscale-interval-s", "0", "--max-batch", "2", "--warmup-rounds", "1")
     load(csrv, 3)
     time.sleep(0.5)
     check("tailbatch_autoscaler_" not in scrape(csrv), "--autoscale-interval-s 0: no tailbatch_autoscaler_* series")
@@ -184,8 +176,5 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        ts.kill_all()
+    harness.run(main, seconds=55)  # ctest's timeout is 60 s
     print("all checks passed")

@@ -9,60 +9,28 @@ ctest allows 90).
 
     python3 test_embed_libtorch.py /path/to/tailbatch-serve
 """
-import http.client
 import json
 import math
-import re
-import subprocess
 import sys
-import tempfile
 import threading
-import time
+
+import harness
+from harness import check, fail
 
 SERVE = sys.argv[1]
 MODEL = "tailbatch-embed-libtorch"
 DIM = 64
-DEADLINE = time.monotonic() + 60
-proc = None
-err = tempfile.TemporaryFile(mode="w+")
 
 
-def stop():
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def request(srv, method, path, body=None):
+    """(status, body bytes), waiting up to the deadline; body: a JSON value."""
+    if body is None:
+        return srv.http(method, path, timeout=60)
+    return srv.http(method, path, json.dumps(body), {"Content-Type": "application/json"}, timeout=60)
 
 
-def fail(msg):
-    print("FAIL: " + msg, flush=True)
-    stop()
-    err.seek(0)
-    print("--- stderr:\n" + err.read()[-3000:])
-    raise SystemExit(1)
-
-
-def check(cond, msg):
-    if not cond:
-        fail(msg)
-    print("ok   " + msg, flush=True)
-
-
-def request(port, method, path, body=None):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=max(1.0, DEADLINE - time.monotonic()))
-    headers = {"Content-Type": "application/json"} if body is not None else {}
-    conn.request(method, path, None if body is None else json.dumps(body), headers)
-    r = conn.getresponse()
-    data = r.read()
-    conn.close()
-    return r.status, data
-
-
-def embed(port, inputs):
-    status, data = request(port, "POST", "/v1/embeddings", {"model": MODEL, "input": inputs})
+def embed(srv, inputs):
+    status, data = request(srv, "POST", "/v1/embeddings", {"model": MODEL, "input": inputs})
     if status != 200:
         fail("POST /v1/embeddings %r: %d %r" % (inputs, status, data[:300]))
     body = json.loads(data)
@@ -70,24 +38,13 @@ def embed(port, inputs):
 
 
 def main():
-    global proc
-    watchdog = threading.Timer(DEADLINE - time.monotonic(), lambda: (print("FAIL: timed out", flush=True), stop()))
+    watchdog = threading.Timer(harness.left(), lambda: (print("FAIL: timed out", flush=True), harness.kill_all()))
     watchdog.daemon = True
     watchdog.start()
-    args = [SERVE, "--port", "0", "--embed-model", "libtorch", "--warmup-rounds", "1"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, text=True)
-    line = proc.stdout.readline()
-    m = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)\n", line or "")
-    if not m:
-        fail("first line of %s: %r" % (args, line))
-    port = int(m.group(1))
-    while request(port, "GET", "/readyz")[0] != 200:
-        if time.monotonic() > DEADLINE - 20:
-            fail("never became ready")
-        time.sleep(0.05)
-    check(True, "tailbatch-serve --embed-model libtorch ready on port %d" % port)
+    srv = harness.Server(SERVE, "--embed-model", "libtorch", "--warmup-rounds", "1")
+    check(True, "tailbatch-serve --embed-model libtorch ready on port %d" % srv.port)
 
-    status, data = request(port, "GET", "/v1/models")
+    status, data = request(srv, "GET", "/v1/models")
     ids = [m["id"] for m in json.loads(data)["data"]]
     check(status == 200 and MODEL in ids and "tailbatch-reference-embedder" not in ids,
           "/v1/models lists %s (and not the reference embedder): %s" % (MODEL, ids))
@@ -95,7 +52,7 @@ def main():
     texts = ["the service was slow but the food excellent",
              "lovely view",
              "would never return: rude staff, noisy room, and the room was not clean at all"]
-    vectors, body = embed(port, texts)
+    vectors, body = embed(srv, texts)
     check(body["model"] == MODEL and len(vectors) == 3, "3 inputs give 3 embeddings from %s" % MODEL)
     for k, v in enumerate(vectors):
         check(len(v) == DIM and all(isinstance(x, float) for x in v), "embedding %d: %d floats" % (k, len(v)))
@@ -105,9 +62,9 @@ def main():
 
     # The same input alone, and in a batch with longer and shorter neighbours (padding must
     # not change it).
-    alone, _ = embed(port, [texts[1], "good"])
-    alone_good, _ = embed(port, ["good"])
-    batched, _ = embed(port, [texts[2], texts[1], texts[0], "good", texts[1], "the food was good"])
+    alone, _ = embed(srv, [texts[1], "good"])
+    alone_good, _ = embed(srv, ["good"])
+    batched, _ = embed(srv, [texts[2], texts[1], texts[0], "good", texts[1], "the food was good"])
     for name, v in (("alone", alone[0]), ("batched", batched[1]), ("batched again", batched[4]),
                     ("in the first request", vectors[1])):
         diff = max(abs(a - b) for a, b in zip(alone[0], v))
@@ -116,21 +73,14 @@ def main():
         diff = max(abs(a - b) for a, b in zip(alone_good[0], v))
         check(diff <= 1e-5, "'good' %s matches alone within 1e-5 (max diff %.2e)" % (name, diff))
 
-    status, data = request(port, "POST", "/v1/embeddings", {"model": "tailbatch-reference-embedder", "input": "x"})
+    status, data = request(srv, "POST", "/v1/embeddings", {"model": "tailbatch-reference-embedder", "input": "x"})
     check(status == 404, "the reference embedder's id is not served with --embed-model libtorch (%d)" % status)
 
-    proc.terminate()
-    try:
-        rc = proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        fail("did not exit within 15 s of SIGTERM")
+    rc = srv.terminate()
     check(rc == 0, "SIGTERM drains and exits 0")
     watchdog.cancel()
     print("PASS")
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        stop()
+    harness.run(main, seconds=60)  # ctest allows 90 s

@@ -19,27 +19,17 @@ success, 1 on the first failed check.
 """
 import http.server
 import json
-import re
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
+import harness
+from harness import check
+
 LOAD = sys.argv[1]
 SERVE = sys.argv[2] if len(sys.argv) > 2 else None
-procs = []
-
-
-def fail(msg):
-    print("FAIL: " + msg, flush=True)
-    raise SystemExit(1)
-
-
-def check(cond, msg):
-    if not cond:
-        fail(msg)
-    print("ok   " + msg, flush=True)
 
 
 def run_load(*args, timeout=40):
@@ -58,16 +48,7 @@ FIELDS = ["offered_rps", "achieved_rps", "p50_ms", "p95_ms", "p99_ms", "mean_bat
 
 
 def test_serve():
-    srv = subprocess.Popen([SERVE, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    procs.append(srv)
-    box = []
-    t = threading.Thread(target=lambda: box.append(srv.stdout.readline()), daemon=True)
-    t.start()
-    t.join(20)
-    m = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)\n", box[0] if box else "")
-    if not m:
-        fail("tailbatch-serve did not say where it listens: %r" % box)
-    port = int(m.group(1))
+    port = harness.Server(SERVE, ready=False).port
     p = run_load("--url", "http://127.0.0.1:%d/healthz" % port, "--sweep", "50,100", "--duration", "1.5",
                  "--warmup", "0.3", "--slo-p95-ms", "1000", "--connections", "8")
     check(p.returncode == 0, "sweep against tailbatch-serve exits 0 (stderr: %s)" % p.stderr[-400:])
@@ -165,13 +146,11 @@ def test_stall():
         server.server_close()
 
 
-try:
+def main():
     if SERVE:
         test_serve()
     test_stall()
-finally:
-    for pr in procs:
-        if pr.poll() is None:
-            pr.kill()
-            pr.wait()
+
+
+harness.run(main, seconds=80)  # ctest allows 90 s
 print("PASS")

@@ -18,60 +18,20 @@ import re
 import resource
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
+import harness
+from harness import check, kill_all
+
 SERVE = sys.argv[1]
-DEADLINE = time.monotonic() + 80
 GEN = "tailbatch-reference-generator"
-servers = []
 
 
-def fail(msg):
-    print("FAIL: " + msg, flush=True)
-    for srv in servers:
-        srv.err.seek(0)
-        print("--- stderr of %s:\n%s" % (" ".join(srv.args), srv.err.read()[-3000:]))
-    kill_all()
-    raise SystemExit(1)
-
-
-def check(cond, msg):
-    if not cond:
-        fail(msg)
-    print("ok   " + msg, flush=True)
-
-
-def kill_all():
-    for s in servers:
-        if s.proc.poll() is None:
-            s.proc.kill()
-            s.proc.wait()
-
-
-class Server:
-    def __init__(self, *args, preexec=None):
-        self.args = [SERVE, "--port", "0", "--warmup-rounds", "1", *args]
-        self.err = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.err, text=True, preexec_fn=preexec)
-        servers.append(self)
-        line = self.proc.stdout.readline()
-        m = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)\n", line or "")
-        if not m:
-            fail("first line of %s: %r" % (self.args, line))
-        self.port = int(m.group(1))
-        end = time.monotonic() + 20
-        while time.monotonic() < end:
-            if request(self, "GET", "/readyz")[0] == 200:
-                return
-            time.sleep(0.05)
-        fail("%s never became ready" % self.args)
-
-    def stats(self):
-        return json.loads(request(self, "GET", "/v1/stats")[2])
+def Server(*args, preexec=None):
+    """tailbatch-serve with one warm-up round, ready."""
+    return harness.Server(SERVE, "--warmup-rounds", "1", *args, preexec=preexec)
 
 
 def connect(srv, timeout=5):
@@ -329,11 +289,4 @@ def main():
     print("all wire checks passed")
 
 
-try:
-    main()
-except SystemExit:
-    raise
-except BaseException as ex:
-    import traceback
-    traceback.print_exc()
-    fail("unexpected exception: %r" % ex)
+harness.run(main, seconds=80)  # ctest allows 90 s

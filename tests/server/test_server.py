@@ -21,69 +21,10 @@ import tempfile
 import threading
 import time
 
+import harness
+from harness import check, fail, left
+
 SERVE = sys.argv[1] if len(sys.argv) > 1 else "tailbatch-serve"
-DEADLINE = time.monotonic() + 55  # the whole test; ctest's timeout is 60 s
-servers = []
-
-
-def fail(msg):
-    print("FAIL: " + msg, flush=True)
-    for srv in servers:
-        srv.err.seek(0)
-        text = srv.err.read()
-        print("--- stderr of %s (exit %s), last 4000 characters:\n%s" % (" ".join(srv.args), srv.proc.poll(), text[-4000:]))
-    raise SystemExit(1)
-
-
-def check(cond, msg):
-    if not cond:
-        fail(msg)
-    print("ok   " + msg, flush=True)
-
-
-def left():
-    return max(0.5, DEADLINE - time.monotonic())
-
-
-class Server:
-    def __init__(self, *args):
-        self.args = [SERVE, "--port", "0", *args]
-        self.err = tempfile.TemporaryFile(mode="w+")  # read back on failure; a pipe could fill and block
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.err, text=True)
-        servers.append(self)
-        line = self._first_line()
-        m = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)\n", line or "")
-        if not m:
-            fail("first stdout line of %s is %r, not 'listening on 127.0.0.1:PORT'" % (self.args, line))
-        self.port = int(m.group(1))
-
-    def _first_line(self):
-        box = []
-        t = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
-        t.start()
-        t.join(min(20, left()))
-        return box[0] if box else None
-
-    def wait_ready(self):
-        end = time.monotonic() + min(20, left())
-        while time.monotonic() < end:
-            if curl(self, "GET", "/readyz")[0] == 200:
-                return
-            time.sleep(0.05)
-        fail("%s never became ready" % self.args)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-
-
-def kill_all():
-    for s in servers:
-        try:
-            s.stop()
-        except Exception:
-            pass
 
 
 def curl(srv, method, path, body=None, headers=None, timeout=10):
@@ -114,13 +55,6 @@ def curl(srv, method, path, body=None, headers=None, timeout=10):
 
 def post_json(srv, path, obj, headers=None, timeout=10):
     return curl(srv, "POST", path, json.dumps(obj), headers, timeout)
-
-
-def stats(srv):
-    s, _, b = curl(srv, "GET", "/v1/stats")
-    if s != 200:
-        fail("/v1/stats answered %d: %s" % (s, b))
-    return json.loads(b)
 
 
 def parse_sse(text):
@@ -192,11 +126,11 @@ def error_of(body):
 
 def main():
     # ---- A: the routes, and the outcomes that need no special configuration -------------
-    a = Server("--io-threads", "2", "--max-batch", "8", "--warmup-rounds", "1", "--max-body-bytes", "4096",
-               "--fail-on-text", "please fail", "--gen-token-budget", "50000", "--gen-max-tokens", "100000")
+    a = harness.Server(SERVE, "--io-threads", "2", "--max-batch", "8", "--warmup-rounds", "1", "--max-body-bytes", "4096",
+                       "--fail-on-text", "please fail", "--gen-token-budget", "50000", "--gen-max-tokens", "100000")
     check(curl(a, "GET", "/healthz")[0] == 200, "/healthz is 200 from the start")
     a.wait_ready()
-    st = stats(a)
+    st = a.stats()
     check(st["ready"] and st["classify"]["batch_sizes"].get("8", 0) >= 1,
           "/readyz turned 200 after warm-up batches of every size up to --max-batch")
     check(all(str(n) in st["classify"]["batch_sizes"] for n in range(1, 9)), "warm-up ran batch sizes 1..8")
@@ -286,7 +220,7 @@ def main():
     check(s == 413, "a streaming request rejected before its first token gets a real HTTP status (413), not a stream")
 
     # a client that disconnects mid-stream cancels its sequence
-    before = stats(a)
+    before = a.stats()
     sock = raw_request(a, "POST", "/v1/generate", json.dumps({"prompt": "long", "max_tokens": 40000, "stream": True}).encode())
     got = b""
     while got.count(b"event: token") < 3:
@@ -295,9 +229,9 @@ def main():
             break
         got += chunk
     sock.close()
-    wait_for(lambda: stats(a)["generate"]["requests"]["cancelled"] > before["generate"]["requests"]["cancelled"],
+    wait_for(lambda: a.stats()["generate"]["requests"]["cancelled"] > before["generate"]["requests"]["cancelled"],
              "a disconnect mid-stream did not cancel the sequence")
-    st = stats(a)
+    st = a.stats()
     check(st["http"]["client_disconnects"] > before["http"]["client_disconnects"] and st["generate"]["active"] == 0,
           "a disconnect mid-stream cancels the sequence (generate.cancelled, http.client_disconnects in /v1/stats)")
     check(st["generate"]["tokens"] < 40000, "the cancelled sequence stopped early")
@@ -316,7 +250,7 @@ def main():
         check(r.returncode == 0, "promtool check metrics accepts /metrics (%s)" % (r.stdout + r.stderr).decode().strip())
     else:
         print("skip promtool not found (Debian package prometheus; scripts/deps.sh --test)")
-    st = stats(a)
+    st = a.stats()
     c = st["classify"]
     check(all(k in c["latency_ms"] for k in ("p50", "p95", "p99")) and c["latency_ms"]["count"] > 0
           and "queue_depth" in c and "in_flight" in c and c["mean_batch"] > 0 and "tokens_per_s" in st["generate"]
@@ -328,8 +262,7 @@ def main():
           % (c["default_deadline_ms"], c["limit_current"]))
 
     # ---- B: a tiny queue -> queue_full; a disconnect while the model runs ---------------
-    bsrv = Server("--max-batch", "1", "--queue-capacity", "1", "--model-delay-ms", "400", "--warmup-rounds", "1")
-    bsrv.wait_ready()
+    bsrv = harness.Server(SERVE, "--max-batch", "1", "--queue-capacity", "1", "--model-delay-ms", "400", "--warmup-rounds", "1")
     results = [None] * 3
 
     def one(i):
@@ -348,19 +281,18 @@ def main():
           "one running, one queued (capacity 1), the third -> 503 queue_full (%s)" % codes)
     check(full[0][1].get("retry-after", "").isdigit() and int(full[0][1]["retry-after"]) >= 1
           and int(full[0][1].get("retry-after-ms", "0")) >= 1, "queue_full carries Retry-After >= 1 and retry-after-ms")
-    before = stats(bsrv)
+    before = bsrv.stats()
     sock = raw_request(bsrv, "POST", "/v1/classify", b'{"text": "leaving"}')
     time.sleep(0.15)
     sock.close()
-    wait_for(lambda: stats(bsrv)["classify"]["requests"]["cancelled"] > before["classify"]["requests"]["cancelled"],
+    wait_for(lambda: bsrv.stats()["classify"]["requests"]["cancelled"] > before["classify"]["requests"]["cancelled"],
              "a classify client that left was not cancelled")
-    check(stats(bsrv)["http"]["client_disconnects"] > before["http"]["client_disconnects"],
+    check(bsrv.stats()["http"]["client_disconnects"] > before["http"]["client_disconnects"],
           "a classify client that disconnects cancels its request (classify.requests.cancelled)")
     bsrv.stop()
 
     # ---- C: a zero limit -> overloaded --------------------------------------------------
-    csrv = Server("--limit", "0", "--max-batch", "2", "--warmup-rounds", "1")
-    csrv.wait_ready()
+    csrv = harness.Server(SERVE, "--limit", "0", "--max-batch", "2", "--warmup-rounds", "1")
     s, h, b = post_json(csrv, "/v1/classify", {"text": "x"})
     check(s == 503 and error_of(b)["reason"] == "overloaded" and h.get("retry-after", "").isdigit(),
           "the limiter refuses (--limit 0) -> 503 overloaded with Retry-After")
@@ -371,10 +303,9 @@ def main():
     keys = tempfile.NamedTemporaryFile(mode="w", suffix=".keys", delete=False)
     keys.write("# KEY TENANT [WEIGHT [MAX_IN_FLIGHT]]\nk-alpha alpha 2\nk-beta beta 1 1\n")
     keys.close()
-    t = Server("--api-keys", keys.name, "--api-key", "legacy", "--tenant-header", "--tenant-max-in-flight", "1",
-               "--max-batch", "1", "--model-delay-ms", "300", "--decode-delay-ms", "100", "--warmup-rounds", "1",
-               "--default-timeout-ms", "5000")
-    t.wait_ready()
+    t = harness.Server(SERVE, "--api-keys", keys.name, "--api-key", "legacy", "--tenant-header",
+                       "--tenant-max-in-flight", "1", "--max-batch", "1", "--model-delay-ms", "300",
+                       "--decode-delay-ms", "100", "--warmup-rounds", "1", "--default-timeout-ms", "5000")
     os.unlink(keys.name)
     s, _, _ = post_json(t, "/v1/classify", {"text": "x"})
     check(s == 401, "with --api-keys a request without a key -> 401")
@@ -419,9 +350,8 @@ def main():
     # at SIGTERM completes, what is still queued then is answered 503 shutting_down.
     # --default-timeout-ms 2000: the deadline from the SLO (600 ms with these batches) would
     # end the queued requests before the drain does.
-    d = Server("--max-batch", "4", "--model-delay-ms", "300", "--warmup-rounds", "1", "--drain-timeout-ms", "250",
-               "--default-timeout-ms", "2000")
-    d.wait_ready()
+    d = harness.Server(SERVE, "--max-batch", "4", "--model-delay-ms", "300", "--warmup-rounds", "1",
+                       "--drain-timeout-ms", "250", "--default-timeout-ms", "2000")
     idle = socket.create_connection(("127.0.0.1", d.port), timeout=5)
     idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     check(read_response(idle)[0] == 200, "a keep-alive connection is open before SIGTERM")
@@ -431,13 +361,13 @@ def main():
     def ask(i):
         answers[i] = post_json(d, "/v1/classify", {"text": "in flight %d" % i}, timeout=20)
 
-    base_ok = stats(d)["classify"]["requests"]["ok"]
+    base_ok = d.stats()["classify"]["requests"]["ok"]
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
 
     def all_arrived():
-        st = stats(d)
+        st = d.stats()
         return st["http"]["in_flight"] + st["classify"]["requests"]["ok"] - base_ok >= n and st["classify"]["in_flight"] > 0
 
     # SIGTERM once every request has reached the server and a batch is in the model.
@@ -456,23 +386,13 @@ def main():
     late = [x for x in answers if x[0] == 503]
     check(len(late) >= 1 and all(error_of(x[2])["reason"] == "shutting_down" for x in late),
           "work still queued when the drain timeout passed -> 503 shutting_down")
-    try:
-        rc = d.proc.wait(timeout=min(15, left()))
-    except subprocess.TimeoutExpired:
-        fail("tailbatch-serve did not exit after SIGTERM")
+    rc = d.wait_exit()
     check(rc == 0, "tailbatch-serve exits 0 after draining (exit %d)" % rc)
 
-    a.proc.send_signal(signal.SIGTERM)
-    try:
-        rc = a.proc.wait(timeout=min(15, left()))
-    except subprocess.TimeoutExpired:
-        fail("an idle server did not exit after SIGTERM")
+    rc = a.terminate()
     check(rc == 0, "an idle server exits 0 on SIGTERM (exit %d)" % rc)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        kill_all()
+    harness.run(main, seconds=55)  # ctest's timeout is 60 s
     print("all checks passed")

@@ -1,6 +1,7 @@
 // What the reference models' tests share, on the CPU (Catch2) and on the GPU (nvcc, the
-// minimal harness in tests/cuda/cuda_test_support.hpp): random token requests, sample texts,
-// and bit-for-bit comparison of results. No test framework and no CUDA here.
+// minimal harness in tests/cuda/cuda_test_support.hpp): random token requests, generator
+// prompts, sample texts, and bit-for-bit comparison of results. No test framework and no
+// CUDA here.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +30,16 @@ inline TokenRequests random_token_requests(std::size_t count, std::uint32_t voca
     for (auto& t : r) t = static_cast<std::uint32_t>(rng() % vocab);
   }
   return out;
+}
+
+// Request i's prompt for the generator: 1 to `lengths` token ids below `vocab`, a fixed
+// function of i (so that a CPU run and a GPU run feed the same prompts).
+inline std::vector<std::int32_t> prompt_of(std::size_t i, std::size_t vocab,
+                                           std::size_t lengths = 23) {
+  std::vector<std::int32_t> p(1 + (i * 7) % lengths);
+  for (std::size_t k = 0; k < p.size(); ++k)
+    p[k] = static_cast<std::int32_t>((i * 131 + k * 17 + 1) % vocab);
+  return p;
 }
 
 // The requests as one batch of spans (they must outlive it).

@@ -235,30 +235,21 @@ TEST_CASE("the same seed gives the same run; another seed another") {
 }
 
 TEST_CASE("bad fleet configuration throws std::invalid_argument naming the field") {
-  auto c = example1(100.0, 1s);
-  c.service_time = {};
-  CHECK_INVALID((void)tailbatch::simulate_fleet(c, batching), "service_time");
-  c = example1(100.0, 1s);
-  c.lanes = 0;
-  CHECK_INVALID((void)tailbatch::simulate_fleet(c, batching), "lanes");
-  c = example1(100.0, 1s);
-  c.initial_replicas = 0;
-  CHECK_INVALID((void)tailbatch::simulate_fleet(c, batching), "initial_replicas");
-  c = example1(100.0, 1s);
-  c.cold_start = -1s;
-  CHECK_INVALID((void)tailbatch::simulate_fleet(c, batching), "cold_start");
-  c = example1(100.0, 1s);
-  c.evaluation_interval = 0s;
-  CHECK_INVALID((void)tailbatch::simulate_fleet(c, batching), "evaluation_interval");
-  c = example1(100.0, 1s);
-  c.timeline_step = 0s;
-  CHECK_INVALID((void)tailbatch::simulate_fleet(c, batching), "timeline_step");
-  c = example1(100.0, 1s);
-  c.queue_capacity = 0;
-  CHECK_INVALID((void)tailbatch::simulate_fleet(c, batching), "queue_capacity");
-  c = example1(100.0, 1s);
-  c.max_replicas = 0;
-  CHECK_INVALID((void)tailbatch::simulate_fleet(c, batching), "max_replicas");
+  // Example 1 with one field spoiled: the message names that field.
+  const auto invalid = [](void (*spoil)(FleetConfig&), const char* field) {
+    INFO(field);
+    auto c = example1(100.0, 1s);
+    spoil(c);
+    CHECK_INVALID((void)tailbatch::simulate_fleet(c, batching), field);
+  };
+  invalid([](FleetConfig& c) { c.service_time = {}; }, "service_time");
+  invalid([](FleetConfig& c) { c.lanes = 0; }, "lanes");
+  invalid([](FleetConfig& c) { c.initial_replicas = 0; }, "initial_replicas");
+  invalid([](FleetConfig& c) { c.cold_start = -1s; }, "cold_start");
+  invalid([](FleetConfig& c) { c.evaluation_interval = 0s; }, "evaluation_interval");
+  invalid([](FleetConfig& c) { c.timeline_step = 0s; }, "timeline_step");
+  invalid([](FleetConfig& c) { c.queue_capacity = 0; }, "queue_capacity");
+  invalid([](FleetConfig& c) { c.max_replicas = 0; }, "max_replicas");
 }
 
 TEST_CASE("a scaling policy that throws ends the run with its exception, no request touched after") {

@@ -90,6 +90,8 @@ struct Options {
   std::vector<tailbatch_load::TenantSpec> tenants;  // parsed from it
   std::string scheduling = "fifo";
   std::string queue_policy = "reject-newest";
+  double codel_target_ms = 5;     // --codel-target-ms
+  double codel_interval_ms = 100;  // --codel-interval-ms
   std::size_t tenant_max_queued = 0;  // --tenant-max-queued: every tenant's quota; 0: none
   double request_timeout_ms = 0;      // --request-timeout-ms: each request's deadline; 0: none
 };
@@ -109,6 +111,10 @@ tailbatch::TenantsConfig tenants_config(const Options& o) {
 tailbatch::QueuePolicyConfig queue_config(const Options& o) {
   tailbatch::QueuePolicyConfig q;
   q.policy = *tailbatch::parse_queue_policy(o.queue_policy);
+  q.codel_target = std::chrono::duration_cast<tailbatch::BatchDuration>(
+      std::chrono::duration<double, std::milli>(o.codel_target_ms));
+  q.codel_interval = std::chrono::duration_cast<tailbatch::BatchDuration>(
+      std::chrono::duration<double, std::milli>(o.codel_interval_ms));
   return q;
 }
 
@@ -819,6 +825,15 @@ int main(int argc, char** argv) {
                  "codel; in-process and --simulate")
       ->capture_default_str()
       ->check(CLI::IsMember({"reject-newest", "shed-oldest", "adaptive-lifo", "codel"}));
+  app.add_option("--codel-target-ms", o.codel_target_ms,
+                 "codel: the standing queue wait it keeps below (sheds what waited twice this); "
+                 "adaptive-lifo: the wait past which a queue has formed")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--codel-interval-ms", o.codel_interval_ms,
+                 "codel: the window over which the minimum wait is taken (> the target)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--tenant-max-queued", o.tenant_max_queued,
                  "every tenant's quota of requests waiting in the queue (more: quota_exceeded, "
                  "429); 0: none; in-process and --simulate")

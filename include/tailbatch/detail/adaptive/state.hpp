@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -39,9 +40,12 @@ class AdaptiveState {
   static constexpr double outlier_ratio = 1.5;
   // Plans are made for rates on a geometric grid of this ratio, and remembered.
   static constexpr double rate_step = 1.04;
-  // The model is re-planned when L(1) or L(max_batch) moved by more than this fraction.
+  // The model is re-planned when L(1), or L(b) at the largest size with a trusted mean
+  // (the sizes in use), moved by more than this fraction since the last plan's model.
   // (On the real clock a model's time spreads: a running mean over 32 samples wanders by
-  // several per cent on its own, and a tighter bound re-planned all the time.)
+  // several per cent on its own, and a tighter bound re-planned all the time. The cap's
+  // cost is not watched: beyond the sizes in use it is the fitted line's extrapolation,
+  // which the noise of the slope moves by far more than the model moves.)
   static constexpr double cost_drift = 0.10;
   // The spread of the model's time: the last this-many ratios of a batch's time to its
   // size's mean, replayed (in order, cycling) on the planner's batches, so that the plans
@@ -52,9 +56,16 @@ class AdaptiveState {
   static constexpr double spread_cap = 8.0;
   // Requests in the planning simulation (the first tenth is its warm-up).
   static constexpr std::size_t plan_requests = 6000;
-  // A call advances a plan in the making by at most this many simulated requests (and
-  // one batch): the bound on planning work per on_batch_executed.
-  static constexpr std::size_t plan_slice = 8192;
+  // A call advances a plan in the making by at most a slice of simulated requests (and
+  // one batch): about slice_per_second x the model time of the batch just run, within
+  // [plan_slice_min, plan_slice_max]. A simulated request costs about 20 ns, so a slice
+  // is about 1 % of the batch's time from 2 ms batches up (a 20 ms batch or longer: the
+  // ceiling, 1 % or less), and the floor, about 20-40 us on 2 shared cores, below: short
+  // batches get the bound on the time added per batch, slow models plans that finish in
+  // few batches.
+  static constexpr double slice_per_second = 500000.0;
+  static constexpr std::size_t plan_slice_min = 1024;
+  static constexpr std::size_t plan_slice_max = 8192;
   // Window candidates, as fractions of a batch of one's cost.
   static constexpr std::array<double, 12> window_grid = {0.0, 0.025, 0.05, 0.1, 0.15, 0.25,
                                                          0.4, 0.5,   0.75, 1.0, 1.5,  2.0};
@@ -81,6 +92,7 @@ class AdaptiveState {
         cap_(c.max_batch),
         sizes_(c.max_batch + 1),
         table_(c.max_batch + 1, 0.0),
+        epoch_table_(c.max_batch + 1, 0.0),
         lookahead_(c.max_batch, max_plan_lanes) {
     // 1, 2, 3, 4, 6, 8, 12, 16, 24, ...: powers of two and one and a half times them.
     for (std::size_t p = 1; p <= cap_; p *= 2) {
@@ -105,7 +117,12 @@ class AdaptiveState {
     latencies_.resize(plan_requests);
     lane_free_.resize(max_plan_lanes);
     job_table_.resize(c.max_batch + 1);
-    job_latencies_.resize(plan_requests);
+    {
+      // The measured requests' latencies above the p95 (rank k95 of `measured`), and it.
+      const std::size_t measured = plan_requests - plan_requests / 10;
+      const auto k95 = static_cast<std::size_t>(0.95 * static_cast<double>(measured - 1));
+      job_top_.resize(measured - k95);
+    }
     job_lane_free_.resize(max_plan_lanes);
     job_window_free_.resize(batch_grid_.size());
     job_done_.resize(window_grid.size() * batch_grid_.size());
@@ -138,7 +155,8 @@ class AdaptiveState {
     if (m_.feedback != nullptr) m_.feedback->inc();
     // Planning happens here, on the thread that just ran a batch, rather than in decide():
     // batch formation never waits for it.
-    replan_if_stale(f.started);
+    const double slice = std::min(x * slice_per_second, static_cast<double>(plan_slice_max));
+    replan_if_stale(f.started, std::max(plan_slice_min, static_cast<std::size_t>(slice)));
   }
 
   // The decision; see AdaptiveWindow::decide. The plan's rule decides first; where a lane
@@ -293,7 +311,7 @@ class AdaptiveState {
     std::size_t wi = 0, bi = 0;  // its cell of the grid
     bool used = false;
   };
-  // A plan in the making (see start_job); it advances by at most plan_slice simulated
+  // A plan in the making (see start_job); it advances by at most a slice of simulated
   // requests per call.
   struct PlanJob {
     bool active = false;
@@ -315,6 +333,7 @@ class AdaptiveState {
     std::size_t h_batches = 0;  // and batches (the index into the spread)
     double lane_time = 0.0;     // the candidate's lane time so far, seconds
     std::size_t over95 = 0, over99 = 0;
+    std::size_t top_count = 0;  // latencies in job_top_
     AdaptivePlan best{};
     double best_score = std::numeric_limits<double>::infinity();
     std::size_t best_index = 0;
@@ -472,14 +491,18 @@ class AdaptiveState {
     // Never free, never cheaper than a smaller batch.
     table_[1] = std::max(table_[1], 1e-9);
     for (std::size_t b = 2; b <= cap_; ++b) table_[b] = std::max(table_[b], table_[b - 1]);
-    // A new epoch when the model moved enough to change plans.
-    const double c1 = table_[1], cn = table_[cap_];
-    if (epoch_ == 0 || detail::fabs(c1 - epoch_c1_) > cost_drift * epoch_c1_ ||
-        detail::fabs(cn - epoch_cn_) > cost_drift * epoch_cn_) {
+    // A new epoch when the model moved enough to change plans: at size 1, or at the
+    // largest size with a trusted mean (the cap while none is trusted), against the table
+    // of the last epoch.
+    const std::size_t top = prev == 0 ? cap_ : prev;
+    if (epoch_ == 0 || drifted(1) || drifted(top)) {
       ++epoch_;
-      epoch_c1_ = c1;
-      epoch_cn_ = cn;
+      std::copy(table_.begin(), table_.end(), epoch_table_.begin());
     }
+  }
+
+  bool drifted(std::size_t b) const noexcept {
+    return detail::fabs(table_[b] - epoch_table_[b]) > cost_drift * epoch_table_[b];
   }
 
   std::int64_t bucket_of(double rate) const noexcept {
@@ -489,8 +512,7 @@ class AdaptiveState {
   // Makes sure the plan in force is for the current rate bucket, lanes and cost epoch:
   // from the cache at once, or by a planning job that runs in bounded slices, one per call
   // (see advance_job). The plan in force stays in force until the job ends.
-  void replan_if_stale(BatchTime now) noexcept {
-    std::size_t budget = plan_slice;
+  void replan_if_stale(BatchTime now, std::size_t budget) noexcept {
     const double rate = rate_at(now);
     // A plan in the making for a rate the load has since left far behind is dropped: the
     // one for the rate now is started instead.
@@ -614,6 +636,7 @@ class AdaptiveState {
         job_.lane_time = 0.0;
         job_.over95 = 0;
         job_.over99 = 0;
+        job_.top_count = 0;
         std::fill(job_lane_free_.begin(),
                   job_lane_free_.begin() + static_cast<std::ptrdiff_t>(job_.lanes), 0.0);
         --budget;
@@ -648,8 +671,8 @@ class AdaptiveState {
         job_lane_free_[lane] = done;
         for (std::size_t i = h; i < e; ++i) {
           const double l = done - unit_arrivals_[i] * scale;
-          job_latencies_[i] = l;
           if (i >= n / 10) {
+            keep_top(l);
             if (l > cut95) ++job_.over95;
             if (l > cut99) ++job_.over99;
           }
@@ -667,22 +690,15 @@ class AdaptiveState {
         continue;
       }
       if (job_.h < n) return;  // the budget ran out mid-candidate
-      // The candidate ran to the end: its percentiles (a selection over the measured
-      // requests, counted against the budget like the requests themselves).
-      if (budget < measured / 2 && budget < plan_slice) {
-        budget = 0;
-        return;
-      }
-      budget -= std::min(budget, measured / 2);
+      // The candidate ran to the end: its percentiles, from the largest latencies kept as
+      // it ran (the p95 is the smallest of them; sorting them, O(top log top), is all
+      // that is left to do).
       job_.running = false;
       note_free();
-      const auto from = job_latencies_.begin() + static_cast<std::ptrdiff_t>(n / 10);
-      auto at = [&](std::size_t k) {
-        std::nth_element(from, from + static_cast<std::ptrdiff_t>(k), job_latencies_.end());
-        return *(from + static_cast<std::ptrdiff_t>(k));
-      };
-      const double p99 = at(k99);
-      const double p95 = at(k95);
+      const auto top = job_top_.begin() + static_cast<std::ptrdiff_t>(job_.top_count);
+      std::sort_heap(job_top_.begin(), top, std::greater<>{});  // largest first
+      const double p95 = job_top_[job_.top_count - 1];
+      const double p99 = job_top_[std::min(measured - 1 - k99, job_.top_count - 1)];
       double score = p95 / p95_target;
       if (p99_target > 0.0) score = std::max(score, p99 / p99_target);
       job_.best_score = std::min(job_.best_score, score);
@@ -696,6 +712,20 @@ class AdaptiveState {
         c.p95 = p95;
         c.p99 = p99;
       }
+    }
+  }
+
+  // Keeps the top_keep largest latencies of the candidate running (a min-heap): the p95
+  // and the p99 are among them. O(log top_keep) for a value that enters, O(1) otherwise.
+  void keep_top(double l) noexcept {
+    const auto first = job_top_.begin();
+    if (job_.top_count < job_top_.size()) {
+      job_top_[job_.top_count++] = l;
+      std::push_heap(first, first + static_cast<std::ptrdiff_t>(job_.top_count), std::greater<>{});
+    } else if (l > job_top_.front()) {
+      std::pop_heap(job_top_.begin(), job_top_.end(), std::greater<>{});
+      job_top_.back() = l;
+      std::push_heap(job_top_.begin(), job_top_.end(), std::greater<>{});
     }
   }
 
@@ -824,7 +854,7 @@ class AdaptiveState {
   std::array<double, spread_samples> job_spread_ = filled_ones();
   std::size_t spread_next_ = 0;
   std::uint64_t epoch_ = 0;
-  double epoch_c1_ = 0.0, epoch_cn_ = 0.0;
+  std::vector<double> epoch_table_;  // the cost table when the epoch began
   ArrivalCounter arrivals_{};
   AdaptiveCloseReason reason_ = AdaptiveCloseReason::flush;  // of plan_decide's close
   std::size_t lanes_ = 1;
@@ -836,7 +866,7 @@ class AdaptiveState {
   std::size_t plan_wi_ = 0, plan_bi_ = 0;
   PlanJob job_{};
   std::vector<double> job_table_;
-  std::vector<double> job_latencies_;
+  std::vector<double> job_top_;  // the running candidate's largest latencies (keep_top)
   std::vector<double> job_lane_free_;
   std::vector<std::size_t> job_window_free_;
   std::vector<Candidate> job_done_;

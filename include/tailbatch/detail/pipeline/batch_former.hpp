@@ -153,9 +153,9 @@ class BatchFormer {
   // Whether the last decide() served newest first (adaptive LIFO). Not thread-safe.
   [[nodiscard]] bool lifo() const noexcept { return lifo_; }
 
-  // Applies the queue policy at `now`: shed-oldest sheds down to the capacity; CoDel
-  // drops while its control law says so. Victims go to dead with RejectReason::shed.
-  // Never allocates. Not thread-safe: the leader's.
+  // Applies the queue policy at `now`: shed-oldest sheds down to the capacity; CoDel,
+  // while the queue stands, sheds the oldest while they waited past twice its target.
+  // Victims go to dead with RejectReason::shed. Never allocates. Not thread-safe: the leader's.
   template <class Dead>
   void apply_queue_policy(BatchTime now, Dead&& dead) noexcept {
     if (queue_.policy == QueuePolicy::shed_oldest) {

@@ -32,11 +32,11 @@
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <vector>
-
 #include <tailbatch/detail/throw.hpp>
+#include <tailbatch/kv_block_pool.hpp>
 #include <tailbatch/reference/classifier.hpp>
 #include <tailbatch/reference/detail/generator_cpu.hpp>
+#include <vector>
 
 namespace tailbatch::reference {
 
@@ -65,6 +65,50 @@ struct GeneratorState {
   std::int32_t next_input = 0;    // the token a decode step feeds: the last one emitted
 };
 
+// The generator's KV cache, in the blocks of a KvBlockPool (kv_block_pool.hpp,
+// docs/kv-cache.md). This model's per-token cache entry is its state after the token (the
+// recurrence's whole summary of the prefix, hidden_dim floats), where a transformer's is
+// the token's keys and values: token t of a sequence is cached in slot
+// (block_table[t / block_size], t % block_size). A sequence admitted with cached prompt
+// tokens reads the state after the last of them from its shared block and computes only
+// the rest; one recomputed after a preemption starts from there too. Allocates
+// total_blocks x block_size x hidden_dim floats at construction. Not thread-safe: written
+// by the step that owns the blocks.
+class GeneratorKvStore {
+ public:
+  // Throws std::invalid_argument unless every size is >= 1; std::bad_alloc.
+  GeneratorKvStore(std::size_t total_blocks, std::size_t block_size, std::size_t hidden_dim)
+      : blocks_(total_blocks), block_size_(block_size), hidden_(hidden_dim) {
+    if (total_blocks < 1)
+      tailbatch::detail::throw_invalid_argument("GeneratorKvStore: total_blocks must be >= 1");
+    if (block_size < 1)
+      tailbatch::detail::throw_invalid_argument("GeneratorKvStore: block_size must be >= 1");
+    if (hidden_dim < 1)
+      tailbatch::detail::throw_invalid_argument("GeneratorKvStore: hidden_dim must be >= 1");
+    data_.assign(total_blocks * block_size * hidden_dim, 0.0f);
+  }
+
+  [[nodiscard]] std::size_t total_blocks() const noexcept { return blocks_; }
+  [[nodiscard]] std::size_t block_size() const noexcept { return block_size_; }
+  [[nodiscard]] std::size_t hidden_dim() const noexcept { return hidden_; }
+  // The slot of token `position` of a sequence with this block table: hidden_dim floats.
+  // Throws std::invalid_argument if the table does not reach the position or names a block
+  // outside the store.
+  [[nodiscard]] float* slot(std::span<const KvBlockId> table, std::size_t position) {
+    const std::size_t i = position / block_size_;
+    if (i >= table.size())
+      tailbatch::detail::throw_invalid_argument(
+          "GeneratorKvStore: position " + std::to_string(position) + " is past the block table");
+    if (table[i] >= blocks_)
+      tailbatch::detail::throw_invalid_argument("GeneratorKvStore: block id outside the store");
+    return data_.data() + (std::size_t{table[i]} * block_size_ + position % block_size_) * hidden_;
+  }
+
+ private:
+  std::size_t blocks_, block_size_, hidden_;
+  std::vector<float> data_;
+};
+
 // One sequence's work in one step: feed these tokens in order, then (if emit) compute the
 // logits and sample the next token.
 struct GeneratorLane {
@@ -72,6 +116,14 @@ struct GeneratorLane {
   std::span<const std::int32_t> feed;
   bool emit = true;
   std::int32_t token = -1;  // out: the sampled token when emit
+  // Optional KV cache: with kv set, the state after each fed token is stored at its
+  // position (feed[j] at position + j) in `blocks`; with restore, the state is first read
+  // from the slot of position - 1 (zero at position 0), so that tokens before `position`
+  // are never computed again.
+  GeneratorKvStore* kv = nullptr;
+  std::span<const KvBlockId> blocks{};
+  std::size_t position = 0;
+  bool restore = false;
 };
 
 // A ContinuousBatcher's step through GeneratorLanes, shared by Generator::step_sequences
@@ -79,9 +131,14 @@ struct GeneratorLane {
 // the token sampled last while decoding, else its next prefill chunk), calls
 // step(lanes), then emits each sampled token and finishes a sequence that sampled `eos`.
 // Allocates only to grow `lanes`. Not thread-safe: one step at a time.
+//
+// With a KV store (a ContinuousBatcher with a KV pool), each lane also gets the sequence's
+// block table and position, and the first prefill chunk restores the state cached after
+// seq.cached_tokens() tokens (zero when none): prefill skips the cached prefix, and a
+// recompute after a preemption starts over from the cache instead of from a stale state.
 template <class Sequence, class Step>
 void step_sequences_through_lanes(std::span<Sequence> batch, std::vector<GeneratorLane>& lanes,
-                                  std::int32_t eos, Step&& step) {
+                                  std::int32_t eos, Step&& step, GeneratorKvStore* kv = nullptr) {
   lanes.resize(batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i) {
     auto& seq = batch[i];
@@ -92,6 +149,12 @@ void step_sequences_through_lanes(std::span<Sequence> batch, std::vector<Generat
       lane.feed = std::span<const std::int32_t>(&seq.state().next_input, 1);
     } else {
       lane.feed = seq.prefill_chunk();
+    }
+    lane.kv = kv;
+    if (kv != nullptr) {
+      lane.blocks = seq.block_table();
+      lane.position = seq.position();
+      lane.restore = !seq.decoding() && seq.prefilled() == seq.cached_tokens();
     }
   }
   step(std::span<GeneratorLane>(lanes));
@@ -208,6 +271,15 @@ class Generator {
     for (std::size_t i = 0; i < lanes.size(); ++i) {
       auto& lane = lanes[i];
       if (!lane.state) tailbatch::detail::throw_invalid_argument("Generator::step: lane without a state");
+      if (lane.kv != nullptr) {
+        if (lane.kv->hidden_dim() != H)
+          tailbatch::detail::throw_invalid_argument(
+              "Generator::step: the KV store's hidden_dim differs");
+        // Checked before anything changes: every slot this lane reads or writes exists.
+        if (lane.restore && lane.position > 0) (void)lane.kv->slot(lane.blocks, lane.position - 1);
+        if (!lane.feed.empty())
+          (void)lane.kv->slot(lane.blocks, lane.position + lane.feed.size() - 1);
+      }
       if (lane.state->hidden.size() != H) lane.state->hidden.assign(H, 0.0f);
       for (std::int32_t t : lane.feed) check_token(t);
       fed += lane.feed.size();
@@ -238,12 +310,23 @@ class Generator {
       }
     }
 
-    // 2. Each lane's recurrence over its own tokens, in order.
+    // 2. Each lane's recurrence over its own tokens, in order (through its KV cache, if
+    //    it has one: restored before, stored after each token).
     std::size_t row = 0;
     for (auto& lane : lanes) {
+      if (lane.kv != nullptr && lane.restore) {
+        if (lane.position == 0) {
+          std::fill(lane.state->hidden.begin(), lane.state->hidden.end(), 0.0f);
+        } else {
+          const float* cached = lane.kv->slot(lane.blocks, lane.position - 1);
+          std::copy_n(cached, H, lane.state->hidden.data());
+        }
+      }
       for (std::size_t j = 0; j < lane.feed.size(); ++j, ++row) {
         detail::gen_blend(lane.state->hidden.data(), weights_->decay.data(), weights_->keep.data(),
                           ws.u_.data() + row * H, H);
+        if (lane.kv != nullptr)
+          std::copy_n(lane.state->hidden.data(), H, lane.kv->slot(lane.blocks, lane.position + j));
       }
     }
 
@@ -305,6 +388,18 @@ class Generator {
   void step_sequences(std::span<Sequence> batch) {
     step_sequences_through_lanes(batch, lanes_, config_.eos_token,
                                  [this](std::span<GeneratorLane> lanes) { step(lanes); });
+  }
+
+  // The same, for a ContinuousBatcher with a KV pool (ContinuousBatcherConfig::kv): the
+  // sequences' KV lives in `kv`, in their blocks (GeneratorKvStore), so prefill skips
+  // cached prompt tokens and a preempted sequence is recomputed from its blocks. kv must
+  // have the pool's block size and block count and this model's hidden_dim. Not
+  // thread-safe: one step at a time.
+  template <class Sequence>
+  void step_sequences(std::span<Sequence> batch, GeneratorKvStore& kv) {
+    step_sequences_through_lanes(
+        batch, lanes_, config_.eos_token, [this](std::span<GeneratorLane> lanes) { step(lanes); },
+        &kv);
   }
 
   // Generates max_new_tokens after prompt for one sequence, alone, one step per token.

@@ -114,6 +114,20 @@ class TextGenerator {
   // thread-safe: one step at a time.
   template <class Sequence>
   void step_sequences(std::span<Sequence> batch) {
+    step_sequences(batch, nullptr);
+  }
+
+  // The same for a ContinuousBatcher with a KV pool: the sequences' KV lives in `kv`, in
+  // their blocks (GeneratorKvStore; Generator::step_sequences(batch, kv) says how). Not
+  // thread-safe: one step at a time.
+  template <class Sequence>
+  void step_sequences(std::span<Sequence> batch, GeneratorKvStore& kv) {
+    step_sequences(batch, &kv);
+  }
+
+ private:
+  template <class Sequence>
+  void step_sequences(std::span<Sequence> batch, GeneratorKvStore* kv) {
     const std::size_t V = gen_->config().vocab_size;
     lanes_.resize(batch.size());
     std::size_t emitting = 0;
@@ -125,6 +139,12 @@ class TextGenerator {
       lane.feed = seq.decoding() ? std::span<const std::int32_t>(&seq.state().model.next_input, 1)
                                  : seq.prefill_chunk();
       emitting += lane.emit ? 1 : 0;
+      lane.kv = kv;
+      if (kv != nullptr) {
+        lane.blocks = seq.block_table();
+        lane.position = seq.position();
+        lane.restore = !seq.decoding() && seq.prefilled() == seq.cached_tokens();
+      }
     }
     logits_.resize(emitting * V);
     gen_->step(std::span<GeneratorLane>(lanes_), ws_, std::span<float>(logits_));
@@ -146,7 +166,6 @@ class TextGenerator {
     }
   }
 
- private:
   const Generator* gen_;
   GeneratorWorkspace ws_;
   std::vector<GeneratorLane> lanes_;

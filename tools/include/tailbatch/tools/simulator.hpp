@@ -127,7 +127,7 @@ struct SimulationResult {
   std::uint64_t arrivals = 0;
   std::uint64_t warmup_arrivals = 0;  // arrived during the warm-up: run, not counted
   std::uint64_t ok = 0;
-  std::uint64_t by_status[5] = {0, 0, 0, 0, 0};           // indexed by Status
+  std::uint64_t by_status[status_count] = {};                  // indexed by Status
   std::uint64_t rejected_by_reason[reject_reason_count] = {};  // indexed by RejectReason
   std::uint64_t good = 0;     // ok within SimulationConfig::goodput_within
   double goodput_rps = 0.0;   // good / the throughput's window
