@@ -123,9 +123,10 @@ TEST_CASE("trace: a malformed trace is refused with its line named") {
       {head + "setup novalue\n", "expected KEY=VALUE"},
       {head + "x 1\n", "unknown record \"x\""},
   };
-  for (const auto& [text, message] : malformed) {
+  for (const auto& entry : malformed) {
+    const std::string& text = entry.first;  // named, not bound: lambdas may capture it
     INFO(text);
-    CHECK_INVALID(read(text), message);
+    CHECK_INVALID(read(text), entry.second);
   }
   LoadTrace bad;
   bad.setup = {{"model", "two words"}};
