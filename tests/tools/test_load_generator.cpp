@@ -273,7 +273,9 @@ TEST_CASE("Saturation by error rate: a target that sheds load past its capacity"
 TEST_CASE("Steady clock: worker threads, progress lines and a real saturation point", "[load][sweep][threads]") {
   // A synchronous target on one worker thread sleeping 4 ms per call: capacity <= 250 rps.
   // At 40 and 80 rps latency stays near 4 ms; at 600 rps the backlog grows by hundreds of
-  // requests per second. Bounds are generous: the machine is shared and noisy.
+  // requests per second (about 1 s of queueing by the end of the step). Bounds are generous,
+  // since the machine is shared and noisy: an SLO of 50 service times, which a loaded machine's
+  // late wake-ups at 40 rps stay far below and the overloaded step far above.
   std::atomic<int> concurrent{0}, max_concurrent{0};
   auto sleeper = [&](std::uint64_t) {
     int c = ++concurrent;
@@ -290,7 +292,7 @@ TEST_CASE("Steady clock: worker threads, progress lines and a real saturation po
   s.process = ArrivalProcess::constant;
   s.step_duration = 700ms;
   s.warmup = 100ms;
-  s.slo_p95_ms = 60.0;
+  s.slo_p95_ms = 200.0;
   s.base.workers = 1;
   s.base.drain_timeout = 3s;
   s.base.progress = tailbatch::progress_to(progress);
