@@ -23,14 +23,15 @@ using namespace std::chrono_literals;
 
 int main() {
   // 1. Plan.
-  const tailbatch::PlannerConfig plan_cfg{.profile = tailbatch::LatencyProfile::linear(18.0, 2.5),
-                                          .network_ms = 4.0,
-                                          .window_ms = 6.0,
-                                          .streams = 2,
-                                          .tail = 1.2,
-                                          .slo_p95_ms = 150.0,
-                                          .target_rps = 600.0,
-                                          .headroom = 0.3};
+  tailbatch::PlannerConfig plan_cfg;
+  plan_cfg.profile = tailbatch::LatencyProfile::linear(18.0, 2.5);
+  plan_cfg.network_ms = 4.0;
+  plan_cfg.window_ms = 6.0;
+  plan_cfg.streams = 2;
+  plan_cfg.tail = 1.2;
+  plan_cfg.slo_p95_ms = 150.0;
+  plan_cfg.target_rps = 600.0;
+  plan_cfg.headroom = 0.3;
   const tailbatch::CapacityPlan plan = tailbatch::plan_capacity(plan_cfg);
   fmt::print("planner: {}\n\n", plan.reason);
 
