@@ -27,11 +27,7 @@
 
 namespace {
 
-using tailbatch::reference::Classifier;
-using tailbatch::reference::ClassifierConfig;
-using tailbatch::reference::ClassifierWorkspace;
-using tailbatch::reference::CpuKernel;
-using tailbatch::reference::Prediction;
+using namespace tailbatch::reference;
 
 // Review-like texts built from a fixed word list (deterministic, about 20 words each).
 std::vector<std::string> make_corpus(std::size_t count) {

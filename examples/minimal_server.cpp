@@ -30,13 +30,12 @@
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
-namespace tb = tailbatch;
-namespace ref = tailbatch::reference;
 using tcp = asio::ip::tcp;
 using json = nlohmann::json;
 
 // The model behind a batching Pipeline: up to 32 texts per batch, waiting at most 2 ms.
-using ClassifyPipeline = tb::Pipeline<std::string, ref::Prediction>;
+using Prediction = tailbatch::reference::Prediction;
+using ClassifyPipeline = tailbatch::Pipeline<std::string, Prediction>;
 
 // One connection: read a request, submit, write the answer when the callback posts it back.
 class Session : public std::enable_shared_from_this<Session> {
@@ -67,30 +66,31 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!body.is_object() || !body.contains("text") || !body["text"].is_string()) {
       return respond(http::status::bad_request, R"({"error":"send {\"text\": \"...\"}"})");
     }
-    tb::SubmitOptions options;
+    tailbatch::SubmitOptions options;
     options.arrival = arrival;
     options.timeout = std::chrono::seconds(2);  // the latest start: 2 s after arrival
     // The callback runs on a Pipeline worker: it only posts the outcome back to this
     // connection's strand. No thread waits for the result.
     pipeline_.submit(
         body["text"].get<std::string>(), options,
-        [self = shared_from_this()](tb::Outcome<ref::Prediction>&& outcome) {
+        [self = shared_from_this()](tailbatch::Outcome<Prediction>&& outcome) {
           asio::post(self->stream_.get_executor(),
                      [self, o = std::move(outcome)]() mutable { self->answer(std::move(o)); });
         });
   }
 
-  void answer(tb::Outcome<ref::Prediction>&& o) {
+  void answer(tailbatch::Outcome<Prediction>&& o) {
     if (!o.ok()) {
       // The status mapping: rejected -> 503 (with Retry-After), deadline_exceeded -> 504, ...
-      const tb::Error& e = o.error();
-      const auto retry = tb::retry_after_seconds(e.retry_after);
-      json j = {{"error", {{"status", tb::to_string(e.status)}, {"message", e.message}}}};
-      return respond(static_cast<http::status>(tb::http_status(e)), j.dump(), retry);
+      const tailbatch::Error& e = o.error();
+      const auto retry = tailbatch::retry_after_seconds(e.retry_after);
+      json j = {{"error", {{"status", tailbatch::to_string(e.status)}, {"message", e.message}}}};
+      return respond(static_cast<http::status>(tailbatch::http_status(e)), j.dump(), retry);
     }
-    const ref::Prediction& p = o.value();
+    const Prediction& p = o.value();
     respond(http::status::ok,
-            json{{"label", ref::to_string(p.label)}, {"score", p.confidence()}}.dump());
+            json{{"label", tailbatch::reference::to_string(p.label)}, {"score", p.confidence()}}
+                .dump());
   }
 
   void respond(http::status status, std::string body, std::uint64_t retry_after_s = 0) {
@@ -132,11 +132,11 @@ void accept(tcp::acceptor& acceptor, ClassifyPipeline& pipeline) {
 
 int main(int argc, char** argv) {
   const auto port = static_cast<unsigned short>(argc > 1 ? std::atoi(argv[1]) : 8080);
-  const ref::Classifier classifier;
-  ref::ClassifierModel model(classifier);
-  ClassifyPipeline pipeline([&](std::span<const std::string> texts, std::span<ref::Prediction> out,
-                                tb::HostLanes::Lane& lane) { model(texts, out, lane); },
-                            tb::FixedWindow(32, std::chrono::milliseconds(2)));
+  const tailbatch::reference::Classifier classifier;
+  tailbatch::reference::ClassifierModel model(classifier);
+  ClassifyPipeline pipeline([&](std::span<const std::string> texts, std::span<Prediction> out,
+                                tailbatch::HostLanes::Lane& lane) { model(texts, out, lane); },
+                            tailbatch::FixedWindow(32, std::chrono::milliseconds(2)));
   asio::io_context ioc;
   tcp::acceptor acceptor(ioc, {asio::ip::make_address("127.0.0.1"), port});
   std::printf("listening on 127.0.0.1:%u\n",

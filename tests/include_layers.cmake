@@ -1,8 +1,9 @@
 # `include_layers`: the headers under include/tailbatch/ include only downwards. From the
 # bottom up (docs/architecture.md, "Layers" argues the cut):
 #
-#   bottom       detail/time.hpp, detail/math.hpp, detail/throw.hpp, detail/hash.hpp:
-#                time arithmetic, numeric helpers, the one throw point, hashing. They include
+#   bottom       detail/time.hpp, detail/math.hpp, detail/throw.hpp, detail/hash.hpp,
+#                detail/enum_names.hpp: time arithmetic, numeric helpers, the one throw point,
+#                hashing, enumerator names. They include
 #                no tailbatch header.
 #   vocabulary   clock.hpp, outcome.hpp, submit_options.hpp, queue_policy.hpp, tenants.hpp,
 #                version.hpp: the types every component speaks (Clock, Status, Outcome,
@@ -61,7 +62,7 @@ else()
   return()
 endif()
 
-set(_bottom detail/time.hpp detail/math.hpp detail/throw.hpp detail/hash.hpp)
+set(_bottom detail/time.hpp detail/math.hpp detail/throw.hpp detail/hash.hpp detail/enum_names.hpp)
 set(_vocabulary clock.hpp outcome.hpp submit_options.hpp queue_policy.hpp tenants.hpp version.hpp)
 set(_umbrellas tailbatch.hpp cuda.hpp)
 # Machinery that uses another owner's: the registry's exposition (detail/metrics/) writes

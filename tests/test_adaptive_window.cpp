@@ -37,12 +37,7 @@ AdaptiveWindowConfig config(std::chrono::nanoseconds slo = 150ms, std::size_t ma
 
 BatchFeedback feedback(std::size_t size, std::chrono::nanoseconds t,
                        BatchTime started = ManualClock::start()) {
-  BatchFeedback f;
-  f.size = size;
-  f.padded_size = size;
-  f.model_time = t;
-  f.started = started;
-  return f;
+  return {.size = size, .padded_size = size, .model_time = t, .started = started};
 }
 
 // Teaches `p` a cost L(b) for every size up to `up_to`, `times` samples each.

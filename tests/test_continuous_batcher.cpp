@@ -15,27 +15,18 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
+#include "continuous_test_support.hpp"
 #include "tailbatch_test.hpp"
 
 using namespace std::chrono_literals;
-using tailbatch::ContinuousBatcherConfig;
-using tailbatch::ManualClock;
-using tailbatch::RejectReason;
-using tailbatch::Priority;
-using tailbatch::Status;
-using tailbatch::SubmitOptions;
+using namespace tailbatch;
+using namespace tailbatch::test;
 
 namespace {
-
-using Batcher = tailbatch::ContinuousBatcher<int, tailbatch::NoSequenceState, ManualClock>;
-using Seq = Batcher::Sequence;
-using Request = Batcher::Request;
-
-// The token a sequence emits: its id and position, so that order and ownership are checked.
-int token_of(const Seq& s) { return static_cast<int>(s.id() * 1000 + s.generated()); }
 
 // A step that emits one token per sequence that should emit, and records what it saw.
 struct Recorder {
@@ -63,34 +54,10 @@ struct Recorder {
   }
 };
 
-Request req(std::size_t prompt, std::size_t max_new) {
-  Request r;
-  r.prompt.assign(prompt, 1);
-  r.max_new_tokens = max_new;
-  return r;
-}
-
 SubmitOptions at(Priority p) {
   SubmitOptions o;
   o.priority = p;
   return o;
-}
-
-std::vector<int> drain(Batcher::Stream& s) {
-  std::vector<int> out;
-  while (auto t = s.try_next()) out.push_back(*t);
-  return out;
-}
-
-std::vector<int> expected_tokens(std::uint64_t id, std::size_t n) {
-  std::vector<int> v;
-  for (std::size_t i = 0; i < n; ++i) v.push_back(static_cast<int>(id * 1000 + i));
-  return v;
-}
-
-// Steps until nothing is active or waiting (shutdown() would reject the waiting ones).
-void run_all(Batcher& b) {
-  while (b.active_approx() + b.waiting_approx() > 0) (void)b.poll();
 }
 
 ContinuousBatcherConfig config(std::size_t max_active, std::size_t budget = 1 << 20) {
@@ -103,37 +70,26 @@ ContinuousBatcherConfig config(std::size_t max_active, std::size_t budget = 1 <<
 }  // namespace
 
 TEST_CASE("bad configuration throws std::invalid_argument naming the field", "[continuous_batcher]") {
-  auto message = [](ContinuousBatcherConfig c) {
-    try {
-      Batcher b([](std::span<Seq>) {}, c, ManualClock{});
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+  struct Case {
+    void (*edit)(ContinuousBatcherConfig&);
+    std::string_view message;  // after "ContinuousBatcher: "
   };
-  auto c = config(4);
-  c.max_active = 0;
-  CHECK(message(c) == "ContinuousBatcher: max_active must be >= 1");
-  c = config(4, 0);
-  CHECK(message(c) == "ContinuousBatcher: token_budget must be >= 1");
-  c = config(4);
-  c.queue_capacity = 0;
-  CHECK(message(c) == "ContinuousBatcher: queue_capacity must be >= 1");
-  c = config(4);
-  c.max_step_tokens = 3;
-  CHECK(message(c) == "ContinuousBatcher: max_step_tokens must be 0 or >= max_active");
-  c = config(4);
-  c.priority_step = -1ms;
-  CHECK(message(c) == "ContinuousBatcher: priority_step must be >= 0");
-  c = config(4);
-  c.drain_timeout = -1ms;
-  CHECK(message(c) == "ContinuousBatcher: drain_timeout must be >= 0");
-  c = config(4);
-  c.stream.capacity = 0;
-  CHECK(message(c) == "ContinuousBatcher: stream.capacity must be >= 1");
-  c = config(4);
-  c.workers = 2;
-  CHECK(message(c) == "ContinuousBatcher: workers must be 0 or 1");
+  const Case cases[] = {
+      {[](ContinuousBatcherConfig& c) { c.max_active = 0; }, "max_active must be >= 1"},
+      {[](ContinuousBatcherConfig& c) { c.token_budget = 0; }, "token_budget must be >= 1"},
+      {[](ContinuousBatcherConfig& c) { c.queue_capacity = 0; }, "queue_capacity must be >= 1"},
+      {[](ContinuousBatcherConfig& c) { c.max_step_tokens = 3; },
+       "max_step_tokens must be 0 or >= max_active"},
+      {[](ContinuousBatcherConfig& c) { c.priority_step = -1ms; }, "priority_step must be >= 0"},
+      {[](ContinuousBatcherConfig& c) { c.drain_timeout = -1ms; }, "drain_timeout must be >= 0"},
+      {[](ContinuousBatcherConfig& c) { c.stream.capacity = 0; }, "stream.capacity must be >= 1"},
+      {[](ContinuousBatcherConfig& c) { c.workers = 2; }, "workers must be 0 or 1"},
+  };
+  for (const Case& bad : cases) {
+    auto c = config(4);
+    bad.edit(c);
+    CHECK(config_error(c) == "ContinuousBatcher: " + std::string(bad.message));
+  }
   CHECK_THROWS_AS(Batcher(nullptr, config(4), ManualClock{}), std::invalid_argument);
 }
 

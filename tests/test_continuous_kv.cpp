@@ -17,25 +17,14 @@
 #include <thread>
 #include <vector>
 
+#include "continuous_test_support.hpp"
 #include "tailbatch_test.hpp"
 
 using namespace std::chrono_literals;
-using tailbatch::ContinuousBatcherConfig;
-using tailbatch::KvBlockId;
-using tailbatch::KvMode;
-using tailbatch::ManualClock;
-using tailbatch::Priority;
-using tailbatch::RejectReason;
-using tailbatch::Status;
-using tailbatch::SubmitOptions;
+using namespace tailbatch;
+using namespace tailbatch::test;
 
 namespace {
-
-using Batcher = tailbatch::ContinuousBatcher<int, tailbatch::NoSequenceState, ManualClock>;
-using Seq = Batcher::Sequence;
-using Request = Batcher::Request;
-
-int token_of(const Seq& s) { return static_cast<int>(s.id() * 1000 + s.generated()); }
 
 // What one sequence looked like in one step.
 struct Seen {
@@ -70,16 +59,6 @@ struct Recorder {
   }
 };
 
-Request req(std::vector<int> prompt, std::size_t max_new) {
-  Request r;
-  r.prompt = std::move(prompt);
-  r.max_new_tokens = max_new;
-  return r;
-}
-Request req(std::size_t prompt, std::size_t max_new, int fill = 1) {
-  return req(std::vector<int>(prompt, fill), max_new);
-}
-
 ContinuousBatcherConfig kv_config(KvMode mode, std::size_t blocks, std::size_t block_size = 4,
                                   std::size_t watermark = 0) {
   ContinuousBatcherConfig c;
@@ -89,32 +68,6 @@ ContinuousBatcherConfig kv_config(KvMode mode, std::size_t blocks, std::size_t b
   c.kv.block_size = block_size;
   c.kv.watermark_blocks = watermark;
   return c;
-}
-
-std::vector<int> drain(Batcher::Stream& s) {
-  std::vector<int> out;
-  while (auto t = s.try_next()) out.push_back(*t);
-  return out;
-}
-
-std::vector<int> expected_tokens(std::uint64_t id, std::size_t n) {
-  std::vector<int> v;
-  for (std::size_t i = 0; i < n; ++i) v.push_back(static_cast<int>(id * 1000 + i));
-  return v;
-}
-
-void run_all(Batcher& b) {
-  for (int guard = 0; guard < 100000 && b.active_approx() + b.waiting_approx() > 0; ++guard)
-    (void)b.poll();
-}
-
-std::string config_error(ContinuousBatcherConfig c) {
-  try {
-    Batcher b([](std::span<Seq>) {}, c, ManualClock{});
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return {};
 }
 
 }  // namespace

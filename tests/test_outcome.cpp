@@ -1,6 +1,7 @@
 // Outcomes: statuses, reasons, value access and the cancellation aliases.
 #include <tailbatch/outcome.hpp>
 
+#include <cstdint>
 #include <string>
 
 #include "tailbatch_test.hpp"
@@ -59,6 +60,16 @@ TEST_CASE("Statuses and reasons have stable names", "[outcome]") {
   }
   REQUIRE(tailbatch::to_string(static_cast<RejectReason>(tailbatch::reject_reason_count)) == "unknown");
   STATIC_REQUIRE(tailbatch::OutcomeCounts{}.rejected_by_reason.size() == tailbatch::reject_reason_count);
+}
+
+TEST_CASE("enum_name reads an enumerator's name from its list, and `other` past it", "[outcome]") {
+  enum class Colour : std::uint8_t { red, green };
+  using tailbatch::detail::enum_name;
+  STATIC_REQUIRE(enum_name<2>(Colour::green, {"red", "green"}) == "green");
+  REQUIRE(enum_name(Colour::red, {"red", "green"}) == "red");
+  REQUIRE(enum_name(static_cast<Colour>(2), {"red", "green"}) == "unknown");
+  REQUIRE(enum_name(static_cast<Colour>(9), {"red", "green"}, {}).empty());
+  REQUIRE(tailbatch::to_string(static_cast<Status>(tailbatch::status_count)) == "unknown");
 }
 
 TEST_CASE("Cancellation tokens observe their source and run callbacks once", "[outcome]") {

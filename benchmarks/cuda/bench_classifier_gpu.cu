@@ -32,12 +32,8 @@
 
 namespace {
 
-using tailbatch::cuda::DeviceClassifier;
-using tailbatch::cuda::StreamPool;
-using tailbatch::cuda::StreamPoolConfig;
-using tailbatch::reference::Classifier;
-using tailbatch::reference::ClassifierWorkspace;
-using tailbatch::reference::Prediction;
+using namespace tailbatch::cuda;
+using namespace tailbatch::reference;
 
 struct Fixture {
   Classifier cpu{};

@@ -16,11 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-server=${1:-build/default/examples/tailbatch-serve}
-seconds=${2:-10}
-shift $(( $# > 2 ? 2 : $# )) || true
-conns=("$@")
-[[ ${#conns[@]} -eq 0 ]] && conns=(64 512)
+default_conns=(64 512)
+source benchmarks/support/wrk_args.sh "$@"
 source benchmarks/support/serve.sh
 
 printf '%6s %9s %11s %11s %11s %9s  %s\n' conns "2xx/s" "2xx p50 ms" "2xx p90 ms" "2xx p99 ms" "all/s" statuses

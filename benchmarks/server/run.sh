@@ -16,11 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-server=${1:-build/default/examples/tailbatch-serve}
-seconds=${2:-10}
-shift $(( $# > 2 ? 2 : $# )) || true
-conns=("$@")
-[[ ${#conns[@]} -eq 0 ]] && conns=(8 32 128)
+default_conns=(8 32 128)
+source benchmarks/support/wrk_args.sh "$@"
 source benchmarks/support/serve.sh
 
 clk_tck=$(getconf CLK_TCK)

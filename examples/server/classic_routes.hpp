@@ -270,6 +270,20 @@ void post_flush(const std::shared_ptr<Connection::GenerateJob>& j) {
   auto conn = j->conn;
   asio::post(conn->executor(), [conn, j] { conn->flush_generate(j); });
 }
+
+// Submits a generation whose job and callbacks are ready (/v1/generate and the OpenAI
+// completions alike), and hands its stream to the connection.
+void submit_generate(Batcher& batcher, const std::shared_ptr<Connection>& c,
+                     const std::shared_ptr<Connection::GenerateJob>& job, Batcher::Request r,
+                     const tb::SubmitOptions& so, tb::StreamCallbacks<std::int32_t> cb) {
+  c->work_started();
+  // Registered before submit: a rejection ends the stream inside submit.
+  c->set_generate(job, nullptr);
+  // An empty prompt is the start token (the same computation), which the KV cache can hold.
+  if (r.prompt.empty()) r.prompt.push_back(ref::TextVocabulary::period);
+  auto stream = batcher.submit(std::move(r), so, std::move(cb));
+  c->set_generate(job, std::move(stream));
+}
 }  // namespace
 
 void Server::generate(const std::shared_ptr<Connection>& c,
@@ -316,13 +330,7 @@ void Server::generate(const std::shared_ptr<Connection>& c,
     if (job->stream && (job->any_tokens || e.ok())) job->encoder.append_end(job->outbox, e);
     post_flush(job);
   };
-  c->work_started();
-  // Registered before submit: a rejection ends the stream inside submit.
-  c->set_generate(job, nullptr);
-  // An empty prompt is the start token (the same computation), which the KV cache can hold.
-  if (r.prompt.empty()) r.prompt.push_back(ref::TextVocabulary::period);
-  auto stream = batcher_->submit(std::move(r), so, std::move(cb));
-  c->set_generate(job, std::move(stream));
+  submit_generate(*batcher_, c, job, std::move(r), so, std::move(cb));
 }
 
 std::string Server::stats_json() {

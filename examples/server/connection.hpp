@@ -300,12 +300,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     } else {
       choice["text"] = text;
     }
-    return {{"id", job.id},
-            {"object", job.chat ? "chat.completion" : "text_completion"},
-            {"created", job.created},
-            {"model", job.model},
-            {"choices", json::array({std::move(choice)})},
-            {"usage", usage_json(job)}};
+    json body =
+        envelope_json(job, job.chat ? "chat.completion" : "text_completion", std::move(choice));
+    body["usage"] = usage_json(job);
+    return body;
   }
 
   // One streamed chunk: text (chat: a delta, with the role in the first), or the finish.
@@ -322,8 +320,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
     } else {
       choice["text"] = text;
     }
+    return envelope_json(job, job.chat ? "chat.completion.chunk" : "text_completion",
+                         std::move(choice));
+  }
+
+  // What a completion body and a streamed chunk share around their one choice.
+  static json envelope_json(const GenerateJob& job, const char* object, json choice) {
     return {{"id", job.id},
-            {"object", job.chat ? "chat.completion.chunk" : "text_completion"},
+            {"object", object},
             {"created", job.created},
             {"model", job.model},
             {"choices", json::array({std::move(choice)})}};

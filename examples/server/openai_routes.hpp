@@ -130,12 +130,7 @@ void Server::completions(const std::shared_ptr<Connection>& c,
     }
     post_flush(job);
   };
-  c->work_started();
-  c->set_generate(job, nullptr);
-  // An empty prompt is the start token (the same computation), which the KV cache can hold.
-  if (r.prompt.empty()) r.prompt.push_back(ref::TextVocabulary::period);
-  auto stream = batcher_->submit(std::move(r), so, std::move(cb));
-  c->set_generate(job, std::move(stream));
+  submit_generate(*batcher_, c, job, std::move(r), so, std::move(cb));
 }
 
 void Server::embeddings(const std::shared_ptr<Connection>& c,

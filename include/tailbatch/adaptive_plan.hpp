@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include <tailbatch/batch_window.hpp>
+#include <tailbatch/detail/enum_names.hpp>
 #include <tailbatch/metrics.hpp>
 
 namespace tailbatch {
@@ -29,16 +30,8 @@ inline constexpr std::size_t adaptive_close_reason_count = 7;
 
 // A short, stable, lower-case name ("slo_guard"). Never allocates. Thread-safe.
 [[nodiscard]] constexpr std::string_view to_string(AdaptiveCloseReason r) noexcept {
-  switch (r) {
-    case AdaptiveCloseReason::max_batch: return "max_batch";
-    case AdaptiveCloseReason::target_size: return "target_size";
-    case AdaptiveCloseReason::window: return "window";
-    case AdaptiveCloseReason::slo_guard: return "slo_guard";
-    case AdaptiveCloseReason::backlog: return "backlog";
-    case AdaptiveCloseReason::flush: return "flush";
-    case AdaptiveCloseReason::lookahead: return "lookahead";
-  }
-  return "unknown";
+  return detail::enum_name<adaptive_close_reason_count>(
+      r, {"max_batch", "target_size", "window", "slo_guard", "backlog", "flush", "lookahead"});
 }
 
 // What AdaptiveWindow is told. The constructor throws std::invalid_argument naming a bad

@@ -45,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include <tailbatch/detail/enum_names.hpp>
 #include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/metrics.hpp>
@@ -303,16 +304,8 @@ enum class ScaleTrigger : std::uint8_t {
 
 // A short, stable, lower-case name ("utilization"). Never allocates. Thread-safe.
 [[nodiscard]] constexpr std::string_view to_string(ScaleTrigger t) noexcept {
-  switch (t) {
-    case ScaleTrigger::none: return "none";
-    case ScaleTrigger::utilization: return "utilization";
-    case ScaleTrigger::queue: return "queue";
-    case ScaleTrigger::latency: return "latency";
-    case ScaleTrigger::trend: return "trend";
-    case ScaleTrigger::min_replicas: return "min_replicas";
-    case ScaleTrigger::max_replicas: return "max_replicas";
-  }
-  return "unknown";
+  return detail::enum_name(
+      t, {"none", "utilization", "queue", "latency", "trend", "min_replicas", "max_replicas"});
 }
 
 // One evaluation's answer and the inputs it used.

@@ -27,12 +27,14 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include <tailbatch/detail/enum_names.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/detail/time.hpp>
 #include <tailbatch/submit_options.hpp>
@@ -51,14 +53,8 @@ inline constexpr std::size_t dispatch_reason_count = 5;
 
 // A short, stable, lower-case name ("token_budget"). Never allocates. Thread-safe.
 [[nodiscard]] constexpr std::string_view to_string(DispatchReason r) noexcept {
-  switch (r) {
-    case DispatchReason::size: return "size";
-    case DispatchReason::window: return "window";
-    case DispatchReason::deadline: return "deadline";
-    case DispatchReason::token_budget: return "token_budget";
-    case DispatchReason::flush: return "flush";
-  }
-  return "unknown";
+  return detail::enum_name<dispatch_reason_count>(
+      r, {"size", "window", "deadline", "token_budget", "flush"});
 }
 
 // The order in which requests of one priority are considered for a batch.
@@ -225,6 +221,23 @@ inline BatchTime window_start(std::span<const BatchCandidate> c) noexcept {
   return start;
 }
 
+// When the window that opened at the candidates' earliest arrival closes.
+inline BatchTime window_expiry(std::span<const BatchCandidate> c, BatchDuration max_wait) noexcept {
+  return saturating_add(window_start(c), max_wait);
+}
+
+// The first triggers of FixedWindow's and DeadlineAware's decide(): wait while nothing is
+// queued, send max_batch at once when that many are, and everything queued on flush.
+// nullopt: the policy's own triggers decide.
+inline std::optional<BatchDecision> size_or_flush(const BatchView& v,
+                                                  std::size_t max_batch) noexcept {
+  const std::size_t n = v.candidates.size();
+  if (n == 0) return BatchDecision::wait(BatchTime::max(), 1);
+  if (n >= max_batch) return BatchDecision::dispatch(max_batch, DispatchReason::size);
+  if (v.flush) return BatchDecision::dispatch(n, DispatchReason::flush);
+  return std::nullopt;
+}
+
 inline void require_non_negative(BatchDuration d, const char* what) {
   if (d < BatchDuration::zero()) throw_invalid_argument(what);
 }
@@ -264,11 +277,9 @@ class FixedWindow {
 
   // Size trigger first, then the window. Never allocates. Thread-safe.
   [[nodiscard]] BatchDecision decide(const BatchView& v) const noexcept {
+    if (auto first = detail::size_or_flush(v, max_batch_)) return *first;
     const std::size_t n = v.candidates.size();
-    if (n == 0) return BatchDecision::wait(BatchTime::max(), 1);
-    if (n >= max_batch_) return BatchDecision::dispatch(max_batch_, DispatchReason::size);
-    if (v.flush) return BatchDecision::dispatch(n, DispatchReason::flush);
-    const BatchTime expiry = detail::saturating_add(detail::window_start(v.candidates), max_wait_);
+    const BatchTime expiry = detail::window_expiry(v.candidates, max_wait_);
     if (v.now >= expiry) return BatchDecision::dispatch(n, DispatchReason::window);
     return BatchDecision::wait(expiry, max_batch_);
   }
@@ -337,7 +348,7 @@ class PreferredSizes {
     if (std::binary_search(sizes_.begin(), sizes_.end(), n)) {
       return BatchDecision::dispatch(n, DispatchReason::size);
     }
-    const BatchTime expiry = detail::saturating_add(detail::window_start(v.candidates), max_wait_);
+    const BatchTime expiry = detail::window_expiry(v.candidates, max_wait_);
     if (v.flush || v.now >= expiry) {
       const DispatchReason why = v.flush ? DispatchReason::flush : DispatchReason::window;
       const std::size_t up = *std::lower_bound(sizes_.begin(), sizes_.end(), n);  // n < back()
@@ -453,7 +464,7 @@ class TokenBudget {
     if (fit == max_batch_) return BatchDecision::dispatch(fit, DispatchReason::size);
     if (fit < n) return BatchDecision::dispatch(fit, DispatchReason::token_budget);
     if (v.flush) return BatchDecision::dispatch(fit, DispatchReason::flush);
-    const BatchTime expiry = detail::saturating_add(detail::window_start(v.candidates), max_wait_);
+    const BatchTime expiry = detail::window_expiry(v.candidates, max_wait_);
     if (v.now >= expiry) return BatchDecision::dispatch(fit, DispatchReason::window);
     // Any arrival in this bucket may fill the budget: look again at the next one.
     return BatchDecision::wait(expiry, v.queued + 1);
@@ -531,15 +542,13 @@ class DeadlineAware {
   // Size trigger, then the tightest latest start, then the window. Never allocates.
   // Thread-safe.
   [[nodiscard]] BatchDecision decide(const BatchView& v) const noexcept {
+    if (auto first = detail::size_or_flush(v, max_batch_)) return *first;
     const std::size_t n = v.candidates.size();
-    if (n == 0) return BatchDecision::wait(BatchTime::max(), 1);
-    if (n >= max_batch_) return BatchDecision::dispatch(max_batch_, DispatchReason::size);
-    if (v.flush) return BatchDecision::dispatch(n, DispatchReason::flush);
     BatchTime tightest = BatchTime::max();
     for (const BatchCandidate& c : v.candidates) tightest = std::min(tightest, c.deadline);
     const BatchTime close_at = tightest == BatchTime::max() ? BatchTime::max() : detail::saturating_sub(tightest, margin_);
     if (v.now >= close_at) return BatchDecision::dispatch(n, DispatchReason::deadline);
-    const BatchTime expiry = detail::saturating_add(detail::window_start(v.candidates), max_wait_);
+    const BatchTime expiry = detail::window_expiry(v.candidates, max_wait_);
     if (v.now >= expiry) return BatchDecision::dispatch(n, DispatchReason::window);
     // A newcomer whose own close (its deadline - margin) comes before the wake-up brings
     // it forward: one with a deadline before wake + margin.

@@ -30,11 +30,13 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <tailbatch/admission.hpp>
 #include <tailbatch/clock.hpp>
+#include <tailbatch/detail/enum_names.hpp>
 #include <tailbatch/detail/limiter/window.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/detail/time.hpp>
@@ -99,9 +101,7 @@ struct ConcurrencyLimiterStats {
   }
   // Rejections with any reason. Never blocks.
   [[nodiscard]] std::uint64_t rejected() const noexcept {
-    std::uint64_t n = 0;
-    for (std::uint64_t c : rejected_by_reason) n += c;
-    return n;
+    return std::accumulate(rejected_by_reason.begin(), rejected_by_reason.end(), std::uint64_t{0});
   }
 };
 // The old name compiles, with a deprecation warning, until the next minor version (CHANGELOG.md).
@@ -221,16 +221,14 @@ class ConcurrencyLimiter {
     [[nodiscard]] RejectReason reason() const noexcept { return reason_; }
     // A fixed description of the rejection; empty when ok(). Never allocates.
     [[nodiscard]] std::string_view message() const noexcept {
-      switch (reason_) {
-        case RejectReason::overloaded:
-          return "tailbatch: the concurrency limit is reached";
-        case RejectReason::queue_full:
-          return "tailbatch: too many callers are waiting for a permit";
-        case RejectReason::shutting_down:
-          return "tailbatch: the concurrency limiter is shut down";
-        default:
-          return {};
-      }
+      // By RejectReason: the limiter turns away only with queue_full, overloaded and
+      // shutting_down.
+      return detail::enum_name<reject_reason_count>(
+          reason_,
+          {"", "tailbatch: too many callers are waiting for a permit",
+           "tailbatch: the concurrency limit is reached",
+           "tailbatch: the concurrency limiter is shut down", "", "", ""},
+          {});
     }
     // When rejected: how long to wait before retrying (see retry_after_hint()); else zero.
     [[nodiscard]] std::chrono::nanoseconds retry_after() const noexcept { return retry_after_; }

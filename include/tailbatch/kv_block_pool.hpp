@@ -58,6 +58,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tailbatch/detail/enum_names.hpp>
 #include <tailbatch/detail/hash.hpp>
 #include <tailbatch/detail/kv/lru_list.hpp>
 #include <tailbatch/detail/kv/prefix_index.hpp>
@@ -185,15 +186,7 @@ enum class KvAllocStatus : std::uint8_t {
 
 // A short, stable, lower-case name ("no_room"). Never allocates. Thread-safe.
 [[nodiscard]] constexpr std::string_view to_string(KvAllocStatus s) noexcept {
-  switch (s) {
-    case KvAllocStatus::ok:
-      return "ok";
-    case KvAllocStatus::no_room:
-      return "no_room";
-    case KvAllocStatus::too_large:
-      return "too_large";
-  }
-  return "unknown";
+  return detail::enum_name(s, {"ok", "no_room", "too_large"});
 }
 
 // What a KvBlockPool holds and has done, read at one moment (stats()). used_blocks and

@@ -40,6 +40,7 @@
 #include <string>
 #include <string_view>
 #include <tailbatch/clock.hpp>
+#include <tailbatch/detail/enum_names.hpp>
 #include <tailbatch/detail/metrics/buckets.hpp>
 #include <tailbatch/detail/metrics/text.hpp>
 #include <tailbatch/detail/throw.hpp>
@@ -334,16 +335,8 @@ namespace detail {
 enum class MetricKind : std::uint8_t { counter, gauge, latency };
 
 // The kind's name in error messages and (but for latency) in `# TYPE` lines.
-[[nodiscard]] inline const char* metric_kind_name(MetricKind k) noexcept {
-  switch (k) {
-    case MetricKind::counter:
-      return "counter";
-    case MetricKind::gauge:
-      return "gauge";
-    case MetricKind::latency:
-      return "histogram";
-  }
-  return "untyped";
+[[nodiscard]] constexpr std::string_view metric_kind_name(MetricKind k) noexcept {
+  return enum_name(k, {"counter", "gauge", "histogram"}, "untyped");
 }
 
 // One labelled series of a family. Exactly one of the five sources is set.
@@ -900,8 +893,10 @@ class MetricsRegistry {
     if (fam == state_->families.end()) return nullptr;
     if (fam->second.kind != kind) {
       fail(name, {},
-           std::string("is already registered as a ") + detail::metric_kind_name(fam->second.kind) +
-               "; it cannot also be a " + detail::metric_kind_name(kind));
+           std::string("is already registered as a ")
+               .append(detail::metric_kind_name(fam->second.kind))
+               .append("; it cannot also be a ")
+               .append(detail::metric_kind_name(kind)));
     }
     const auto s = fam->second.series.find(key);
     return s == fam->second.series.end() ? nullptr : &s->second;
@@ -969,7 +964,7 @@ class MetricsRegistry {
   }
 
   // The `# TYPE` of a kind: latency histograms are written as the configuration says.
-  [[nodiscard]] const char* type_name(detail::MetricKind kind) const noexcept {
+  [[nodiscard]] std::string_view type_name(detail::MetricKind kind) const noexcept {
     if (kind == detail::MetricKind::latency && config_.latency_export == LatencyExport::summary) {
       return "summary";
     }

@@ -10,11 +10,13 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <tailbatch/detail/enum_names.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <utility>
 
@@ -47,41 +49,16 @@ inline constexpr std::size_t reject_reason_count = 7;
 // A short, stable, lower-case name, as used in metrics labels ("deadline_exceeded").
 // Never allocates. Thread-safe.
 [[nodiscard]] constexpr std::string_view to_string(Status s) noexcept {
-  switch (s) {
-    case Status::ok:
-      return "ok";
-    case Status::rejected:
-      return "rejected";
-    case Status::deadline_exceeded:
-      return "deadline_exceeded";
-    case Status::cancelled:
-      return "cancelled";
-    case Status::failed:
-      return "failed";
-  }
-  return "unknown";
+  return detail::enum_name<status_count>(
+      s, {"ok", "rejected", "deadline_exceeded", "cancelled", "failed"});
 }
 
 // A short, stable, lower-case name, as used in metrics labels ("queue_full").
 // Never allocates. Thread-safe.
 [[nodiscard]] constexpr std::string_view to_string(RejectReason r) noexcept {
-  switch (r) {
-    case RejectReason::none:
-      return "none";
-    case RejectReason::queue_full:
-      return "queue_full";
-    case RejectReason::overloaded:
-      return "overloaded";
-    case RejectReason::shutting_down:
-      return "shutting_down";
-    case RejectReason::too_large:
-      return "too_large";
-    case RejectReason::quota_exceeded:
-      return "quota_exceeded";
-    case RejectReason::shed:
-      return "shed";
-  }
-  return "unknown";
+  return detail::enum_name<reject_reason_count>(
+      r,
+      {"none", "queue_full", "overloaded", "shutting_down", "too_large", "quota_exceeded", "shed"});
 }
 
 // The outcome counts every front door reports, the first fields of PipelineStats and
@@ -99,9 +76,7 @@ struct OutcomeCounts {
   }
   // Requests completed with any status. Never blocks.
   [[nodiscard]] std::uint64_t completed() const noexcept {
-    std::uint64_t n = 0;
-    for (std::uint64_t c : by_status) n += c;
-    return n;
+    return std::accumulate(by_status.begin(), by_status.end(), std::uint64_t{0});
   }
 };
 

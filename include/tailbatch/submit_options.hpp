@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include <tailbatch/detail/enum_names.hpp>
 #include <tailbatch/outcome.hpp>
 
 namespace tailbatch {
@@ -27,12 +28,7 @@ inline constexpr std::size_t priority_levels = 3;
 
 // A short, stable, lower-case name ("high"). Never allocates. Thread-safe.
 [[nodiscard]] constexpr std::string_view to_string(Priority p) noexcept {
-  switch (p) {
-    case Priority::high: return "high";
-    case Priority::normal: return "normal";
-    case Priority::low: return "low";
-  }
-  return "unknown";
+  return detail::enum_name<priority_levels>(p, {"high", "normal", "low"});
 }
 
 // A tenant: the client (or group of clients) a request is served for, a small number the

@@ -97,21 +97,42 @@ def header():
         "#pragma once",
         "",
         "#include <array>",
+        "#include <cstddef>",
         "#include <string_view>",
         "",
         "namespace tailbatch::reference::detail {",
         "",
-        f"inline constexpr std::array<std::string_view, {SIZE}> text_vocabulary_words = {{",
+        "// The words in id order, each followed by one space (no word holds a space).",
+        "inline constexpr std::string_view text_vocabulary_text =",
     ]
-    row = "   "
+    row = ""
     for w in table:
-        item = f' "{w}",'
-        if len(row) + len(item) > 100:
-            lines.append(row)
-            row = "   "
-        row += item
-    lines.append(row)
-    lines += ["};", "", "}  // namespace tailbatch::reference::detail", ""]
+        if row and len(row) + len(w) + 1 > 90:
+            lines.append(f'    "{row}"')
+            row = ""
+        row += w + " "
+    lines.append(f'    "{row}";')
+    lines += [
+        "",
+        f"inline constexpr std::size_t text_vocabulary_size = {SIZE};",
+        "",
+        "// text_vocabulary_text split at its spaces, computed at compile time.",
+        "inline constexpr std::array<std::string_view, text_vocabulary_size> text_vocabulary_words = [] {",
+        "  std::array<std::string_view, text_vocabulary_size> words{};",
+        "  std::size_t n = 0;",
+        "  std::size_t begin = 0;",
+        "  for (std::size_t i = 0; i < text_vocabulary_text.size(); ++i) {",
+        "    if (text_vocabulary_text[i] != ' ') continue;",
+        "    words.at(n++) = text_vocabulary_text.substr(begin, i - begin);",
+        "    begin = i + 1;",
+        "  }",
+        "  return n == words.size() ? words : decltype(words){};",
+        "}();",
+        'static_assert(text_vocabulary_words.back() == "' + table[-1] + '", "the vocabulary lost a word");',
+        "",
+        "}  // namespace tailbatch::reference::detail",
+        "",
+    ]
     return "\n".join(lines)
 
 

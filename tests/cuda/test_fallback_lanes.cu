@@ -23,19 +23,9 @@
 #include "reference_test_support.hpp"
 
 using namespace std::chrono_literals;
-using tailbatch::FixedWindow;
-using tailbatch::MetricsRegistry;
-using tailbatch::Pipeline;
-using tailbatch::cuda::DeviceClassifierModel;
-using tailbatch::cuda::CudaError;
-using tailbatch::cuda::DeviceClassifier;
-using tailbatch::cuda::FallbackLanes;
-using tailbatch::cuda::FallbackLanesConfig;
-using tailbatch::cuda::StreamPoolConfig;
-using tailbatch::reference::Classifier;
-using tailbatch::reference::ClassifierConfig;
-using tailbatch::reference::Prediction;
-using tailbatch::reference::Sentiment;
+using namespace tailbatch;
+using namespace tailbatch::cuda;
+using namespace tailbatch::reference;
 
 namespace {
 

@@ -48,12 +48,11 @@ int main() {
   ac.metrics = &registry;
   ac.metric_labels = labels;
   tailbatch::Autoscaler autoscaler(ac);
-  tailbatch::ReplicaSignals s;
-  s.arrival_rps = 300.0;
-  s.queue_depth = 4.0;
-  s.in_flight = 12.0;
-  s.p95 = 60ms;
-  s.mean_latency = 50ms;
+  tailbatch::ReplicaSignals s{.arrival_rps = 300.0,
+                              .queue_depth = 4.0,
+                              .in_flight = 12.0,
+                              .p95 = 60ms,
+                              .mean_latency = 50ms};
   (void)autoscaler.evaluate(std::chrono::steady_clock::now(), 1, std::span(&s, 1));
 
   std::fputs(registry.prometheus().c_str(), stdout);

@@ -17,12 +17,7 @@
 #include "reference_test_support.hpp"
 #include "tailbatch_test.hpp"
 
-using tailbatch::reference::CpuKernel;
-using tailbatch::reference::Generator;
-using tailbatch::reference::GeneratorConfig;
-using tailbatch::reference::GeneratorLane;
-using tailbatch::reference::GeneratorState;
-using tailbatch::reference::OutputLengths;
+using namespace tailbatch::reference;
 
 namespace {
 

@@ -16,18 +16,8 @@
 #include "tailbatch_test.hpp"
 
 using namespace std::chrono_literals;
-using tailbatch::FixedWindow;
-using tailbatch::HostLanes;
-using tailbatch::ManualClock;
-using tailbatch::Outcome;
-using tailbatch::Pipeline;
-using tailbatch::PipelineConfig;
-using tailbatch::Status;
-using tailbatch::reference::Classifier;
-using tailbatch::reference::ClassifierConfig;
-using tailbatch::reference::ClassifierModel;
-using tailbatch::reference::Prediction;
-using tailbatch::reference::Sentiment;
+using namespace tailbatch;
+using namespace tailbatch::reference;
 
 namespace {
 

@@ -13,17 +13,7 @@
 
 #include "tailbatch_test.hpp"
 
-using tailbatch::reference::ChatMessage;
-using tailbatch::reference::ChatTemplate;
-using tailbatch::reference::fnv1a64;
-using tailbatch::reference::Generator;
-using tailbatch::reference::GeneratorConfig;
-using tailbatch::reference::sample_token;
-using tailbatch::reference::SamplingParams;
-using tailbatch::reference::StopMatcher;
-using tailbatch::reference::TextGenerator;
-using tailbatch::reference::TextSequenceState;
-using tailbatch::reference::TextVocabulary;
+using namespace tailbatch::reference;
 
 TEST_CASE("the vocabulary has one distinct lowercase entry per generator token", "[text]") {
   CHECK(TextVocabulary::size == GeneratorConfig{}.vocab_size);

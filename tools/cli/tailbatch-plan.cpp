@@ -11,6 +11,7 @@
 // arguments (with a message naming the flag: a number that is not one, an empty value, a
 // missing --profile file) or a count beyond the planner's range, 3 when no candidate
 // meets the SLO.
+#include <tailbatch/detail/metrics/text.hpp>
 #include <tailbatch/tools/planner.hpp>
 
 #include <CLI/CLI.hpp>
@@ -36,20 +37,10 @@
 
 namespace {
 
-std::string json_escape(const std::string& s) {
+// A JSON string literal, quotes included (the library's escaping, as /metrics.json writes).
+std::string json_string(std::string_view s) {
   std::string out;
-  out.reserve(s.size() + 8);
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", c);
-        else out += c;
-    }
-  }
+  tailbatch::detail::append_json_string(out, s);
   return out;
 }
 
@@ -169,7 +160,7 @@ void print_json(const tailbatch::PlannerConfig& cfg, const tailbatch::CapacityPl
   out += ",\n  \"same_replicas_lower_p95\": ";
   out += plan.same_replicas_lower_p95 ? candidate_json(plan.candidates[*plan.same_replicas_lower_p95])
                                       : "null";
-  out += fmt::format(",\n  \"reason\": \"{}\",\n  \"candidates\": [\n", json_escape(plan.reason));
+  out += fmt::format(",\n  \"reason\": {},\n  \"candidates\": [\n", json_string(plan.reason));
   for (std::size_t i = 0; i < plan.candidates.size(); ++i)
     out += "    " + candidate_json(plan.candidates[i]) + (i + 1 < plan.candidates.size() ? ",\n" : "\n");
   out += "  ]\n}\n";
@@ -186,9 +177,9 @@ void print_instance(const tailbatch::InstanceMeasurement& m, const tailbatch::In
     fmt::print(
         "{{\n  \"mode\": \"instance\",\n  \"inputs\": {{\"instance_rps\": {}, \"p95_ms\": {}, "
         "\"target_rps\": {}, \"headroom\": {}, \"batch_size\": {}, \"streams\": {}}},\n"
-        "  \"recommended\": {},\n  \"reason\": \"{}\",\n  \"candidates\": [\n    {}\n  ]\n}}\n",
+        "  \"recommended\": {},\n  \"reason\": {},\n  \"candidates\": [\n    {}\n  ]\n}}\n",
         json_number(m.instance_rps), json_number(m.p95_ms), json_number(m.target_rps),
-        json_number(m.headroom), m.batch_size, m.streams, rec, json_escape(p.reason), rec);
+        json_number(m.headroom), m.batch_size, m.streams, rec, json_string(p.reason), rec);
     return;
   }
   fmt::print("measured instance: {} rps at p95 {} ms; target {} rps; headroom {} %\n\n",
@@ -293,42 +284,40 @@ int main(int argc, char** argv) {
   bool json = false, all = false;
   tailbatch::InstanceMeasurement inst;
 
-  auto* base_opt = app.add_option("--base-ms", base_ms, "model time at batch 1, ms")->check(number_check());
-  auto* per_opt = app.add_option("--per-item-ms", per_item_ms, "model time per extra item, ms")->check(number_check());
+  // A numeric option, checked by number_check (whole: whole_number_check); show_default:
+  // --help prints its default.
+  auto number = [&app](const char* name, auto& value, const char* what, bool show_default = false) {
+    CLI::Option* o = app.add_option(name, value, what)->check(number_check());
+    return show_default ? o->capture_default_str() : o;
+  };
+  auto whole = [&app](const char* name, auto& value, const char* what, bool show_default = true) {
+    CLI::Option* o = app.add_option(name, value, what)->check(whole_number_check());
+    return show_default ? o->capture_default_str() : o;
+  };
+  auto* base_opt = number("--base-ms", base_ms, "model time at batch 1, ms");
+  auto* per_opt = number("--per-item-ms", per_item_ms, "model time per extra item, ms");
   auto* prof_opt = app.add_option("--profile", profile_arg,
                                   "measured batch:ms table, inline (1:20,8:41,16:65) or a file "
                                   "with one 'batch ms' pair per line");
-  auto* net_opt = app.add_option("--network-ms", cfg.network_ms, "network and serialization per request, ms")
-                      ->check(number_check())
-                      ->capture_default_str();
-  auto* win_opt = app.add_option("--window-ms", cfg.window_ms, "batch window, added when batch > 1, ms")
-                      ->check(number_check())
-                      ->capture_default_str();
-  app.add_option("--streams", cfg.streams, "streams (lanes) per instance")
-      ->check(whole_number_check())
-      ->capture_default_str();
-  auto* tail_opt = app.add_option("--tail", cfg.tail, "tail inflation: p95 = tail x per-request time")
-                       ->check(number_check())
-                       ->capture_default_str();
-  auto* slo_opt = app.add_option("--slo-p95-ms", slo, "p95 SLO, ms")->check(number_check());
-  auto* target_opt =
-      app.add_option("--target-rps", target, "load to serve, requests per second")->check(number_check());
-  app.add_option("--headroom", cfg.headroom, "spare capacity fraction for replicas")
-      ->check(number_check())
-      ->capture_default_str();
-  auto* max_opt = app.add_option("--max-batch", cfg.max_batch, "largest batch size considered")
-                      ->check(whole_number_check())
-                      ->capture_default_str();
+  auto* net_opt =
+      number("--network-ms", cfg.network_ms, "network and serialization per request, ms", true);
+  auto* win_opt =
+      number("--window-ms", cfg.window_ms, "batch window, added when batch > 1, ms", true);
+  whole("--streams", cfg.streams, "streams (lanes) per instance");
+  auto* tail_opt =
+      number("--tail", cfg.tail, "tail inflation: p95 = tail x per-request time", true);
+  auto* slo_opt = number("--slo-p95-ms", slo, "p95 SLO, ms");
+  auto* target_opt = number("--target-rps", target, "load to serve, requests per second");
+  number("--headroom", cfg.headroom, "spare capacity fraction for replicas", true);
+  auto* max_opt = whole("--max-batch", cfg.max_batch, "largest batch size considered");
   std::string preferred_arg;
   auto* pref_opt = app.add_option("--preferred", preferred_arg, "only these batch sizes, e.g. 8,16,32");
-  auto* inst_opt = app.add_option("--instance-rps", inst.instance_rps,
-                                  "second mode: one instance's measured throughput, rps")
-                       ->check(number_check());
-  auto* p95_opt =
-      app.add_option("--p95-ms", inst.p95_ms, "second mode: that instance's p95, ms")->check(number_check());
-  auto* bs_opt = app.add_option("--batch-size", inst.batch_size,
-                                "second mode: its batch size (the in-flight cap stays >= batch x streams)")
-                     ->check(whole_number_check());
+  auto* inst_opt = number("--instance-rps", inst.instance_rps,
+                          "second mode: one instance's measured throughput, rps");
+  auto* p95_opt = number("--p95-ms", inst.p95_ms, "second mode: that instance's p95, ms");
+  auto* bs_opt =
+      whole("--batch-size", inst.batch_size,
+            "second mode: its batch size (the in-flight cap stays >= batch x streams)", false);
   app.add_flag("--json", json, "print JSON instead of a table");
   app.add_flag("--all", all, "print every candidate in the table");
 

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <tailbatch/detail/enum_names.hpp>
 #include <tailbatch/detail/time.hpp>
 #include <tailbatch/outcome.hpp>
 #include <tailbatch/submit_options.hpp>
@@ -63,19 +64,12 @@ struct Intake {
 
   // The message the request completes with when refused; the same at every front door.
   [[nodiscard]] std::string_view message() const noexcept {
-    switch (refusal) {
-      case IntakeRefusal::none:
-        return {};
-      case IntakeRefusal::cancelled:
-        return "tailbatch: cancelled";
-      case IntakeRefusal::budget_spent:
-        return "tailbatch: the request's time budget was already spent (negative timeout)";
-      case IntakeRefusal::deadline_passed:
-        return "tailbatch: the deadline passed before the request was queued";
-      case IntakeRefusal::invalid_priority:
-        return "tailbatch: invalid priority";
-    }
-    return {};
+    return enum_name(refusal,
+                     {"", "tailbatch: cancelled",
+                      "tailbatch: the request's time budget was already spent (negative timeout)",
+                      "tailbatch: the deadline passed before the request was queued",
+                      "tailbatch: invalid priority"},
+                     {});
   }
 
   // The refusal as an outcome's error.

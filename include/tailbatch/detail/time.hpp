@@ -22,29 +22,34 @@ template <class Duration, class Rep, class Period>
   return std::chrono::ceil<Duration>(d);
 }
 
-// t + d, or the time point's max() when that would overflow. A zero or negative d
-// leaves t as it is: every caller adds a budget or a window, where "none" is zero.
-// Never throws, never allocates.
-template <class Clock, class Dur, class Rep, class Period>
-[[nodiscard]] constexpr std::chrono::time_point<Clock, Dur> saturating_add(
+// t moved later (Later) or earlier by d, saturating at the time point's range: the one
+// body of saturating_add and saturating_sub. A zero or negative d leaves t as it is.
+template <bool Later, class Clock, class Dur, class Rep, class Period>
+[[nodiscard]] constexpr std::chrono::time_point<Clock, Dur> saturating_shift(
     std::chrono::time_point<Clock, Dur> t, std::chrono::duration<Rep, Period> d) noexcept {
   using Tp = std::chrono::time_point<Clock, Dur>;
   if (d <= std::chrono::duration<Rep, Period>::zero()) return t;
   const Dur dd = saturating_ceil<Dur>(d);
-  if (t > Tp::max() - dd) return Tp::max();
-  return t + dd;
+  if constexpr (Later) {
+    return t > Tp::max() - dd ? Tp::max() : t + dd;
+  } else {
+    return t < Tp::min() + dd ? Tp::min() : t - dd;
+  }
+}
+
+// t + d (a std::chrono::time_point and duration), or the time point's max() when that
+// would overflow. A zero or negative d leaves t as it is: every caller adds a budget or a
+// window, where "none" is zero. Never throws, never allocates.
+template <class TimePoint, class Duration>
+[[nodiscard]] constexpr TimePoint saturating_add(TimePoint t, Duration d) noexcept {
+  return saturating_shift<true>(t, d);
 }
 
 // t - d, or the time point's min() when that would overflow. A zero or negative d leaves
 // t as it is. Never throws, never allocates.
-template <class Clock, class Dur, class Rep, class Period>
-[[nodiscard]] constexpr std::chrono::time_point<Clock, Dur> saturating_sub(
-    std::chrono::time_point<Clock, Dur> t, std::chrono::duration<Rep, Period> d) noexcept {
-  using Tp = std::chrono::time_point<Clock, Dur>;
-  if (d <= std::chrono::duration<Rep, Period>::zero()) return t;
-  const Dur dd = saturating_ceil<Dur>(d);
-  if (t < Tp::min() + dd) return Tp::min();
-  return t - dd;
+template <class TimePoint, class Duration>
+[[nodiscard]] constexpr TimePoint saturating_sub(TimePoint t, Duration d) noexcept {
+  return saturating_shift<false>(t, d);
 }
 
 // a * b, or SIZE_MAX when the product does not fit.

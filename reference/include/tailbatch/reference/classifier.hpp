@@ -33,6 +33,7 @@
 #include <string_view>
 #include <vector>
 
+#include <tailbatch/detail/enum_names.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/reference/detail/cpu_kernels.hpp>
 #include <tailbatch/reference/sentiment_lexicon.hpp>
@@ -45,12 +46,7 @@ inline constexpr std::size_t sentiment_count = 3;
 
 // "negative", "neutral" or "positive". Thread-safe.
 [[nodiscard]] constexpr std::string_view to_string(Sentiment s) noexcept {
-  switch (s) {
-    case Sentiment::negative: return "negative";
-    case Sentiment::neutral: return "neutral";
-    case Sentiment::positive: return "positive";
-  }
-  return "unknown";
+  return tailbatch::detail::enum_name<sentiment_count>(s, {"negative", "neutral", "positive"});
 }
 
 // Which CPU code runs the first dense layer. All produce the same bits; they differ in
@@ -59,13 +55,7 @@ enum class CpuKernel : std::uint8_t { automatic, portable, avx2, avx512 };
 
 // "automatic", "portable", "avx2" or "avx512". Thread-safe.
 [[nodiscard]] constexpr std::string_view to_string(CpuKernel k) noexcept {
-  switch (k) {
-    case CpuKernel::automatic: return "automatic";
-    case CpuKernel::portable: return "portable";
-    case CpuKernel::avx2: return "avx2";
-    case CpuKernel::avx512: return "avx512";
-  }
-  return "unknown";
+  return tailbatch::detail::enum_name(k, {"automatic", "portable", "avx2", "avx512"});
 }
 
 // Whether this CPU and this build can run kernel k (automatic and portable always can).

@@ -193,35 +193,30 @@ class LatencyProfile {
     while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
     return s;
   }
-  static bool is_separator(char c) noexcept {
-    return c == ',' || c == ';' || c == ' ' || c == '\t' || c == '\r' || c == ':';
+  // The separators between fields: ',', ';' and white space (and, with colon, ':').
+  static bool is_separator(char c, bool colon) noexcept {
+    return c == ',' || c == ';' || c == ' ' || c == '\t' || c == '\r' || (colon && c == ':');
+  }
+  // The non-empty fields of a line between separators.
+  static std::vector<std::string_view> split(std::string_view line, bool colon) {
+    std::vector<std::string_view> out;
+    std::size_t i = 0;
+    while (i < line.size()) {
+      while (i < line.size() && is_separator(line[i], colon)) ++i;
+      std::size_t j = i;
+      while (j < line.size() && !is_separator(line[j], colon)) ++j;
+      if (j > i) out.push_back(line.substr(i, j - i));
+      i = j;
+    }
+    return out;
   }
   // The fields of a line split on every separator, ':' included.
   static std::vector<std::string_view> split_numbers(std::string_view line) {
-    std::vector<std::string_view> out;
-    std::size_t i = 0;
-    while (i < line.size()) {
-      while (i < line.size() && is_separator(line[i])) ++i;
-      std::size_t j = i;
-      while (j < line.size() && !is_separator(line[j])) ++j;
-      if (j > i) out.push_back(line.substr(i, j - i));
-      i = j;
-    }
-    return out;
+    return split(line, true);
   }
   // "1:20,8:41 16:65" -> {"1:20", "8:41", "16:65"}
   static std::vector<std::string_view> split_pairs(std::string_view line) {
-    std::vector<std::string_view> out;
-    std::size_t i = 0;
-    auto sep = [](char c) { return c == ',' || c == ';' || c == ' ' || c == '\t' || c == '\r'; };
-    while (i < line.size()) {
-      while (i < line.size() && sep(line[i])) ++i;
-      std::size_t j = i;
-      while (j < line.size() && !sep(line[j])) ++j;
-      if (j > i) out.push_back(line.substr(i, j - i));
-      i = j;
-    }
-    return out;
+    return split(line, false);
   }
   static bool parse_double(std::string_view s, double& out) noexcept {
     if (!s.empty() && s.front() == '+') s.remove_prefix(1);

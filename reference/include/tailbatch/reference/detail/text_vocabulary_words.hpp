@@ -3,215 +3,175 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <string_view>
 
 namespace tailbatch::reference::detail {
 
-inline constexpr std::array<std::string_view, 2048> text_vocabulary_words = {
-    ".", ",", "the", "of", "and", "to", "a", "in", "is", "it", "you", "that", "he", "was", "for",
-    "on", "are", "with", "as", "i", "his", "they", "be", "at", "one", "have", "this", "from", "or",
-    "had", "by", "word", "but", "what", "some", "we", "can", "out", "other", "were", "all", "there",
-    "when", "up", "use", "your", "how", "said", "an", "each", "she", "which", "do", "their", "time",
-    "if", "will", "way", "about", "many", "then", "them", "write", "would", "like", "so", "these",
-    "her", "long", "make", "thing", "see", "him", "two", "has", "look", "more", "day", "could",
-    "go", "come", "did", "number", "sound", "no", "most", "people", "my", "over", "know", "water",
-    "than", "call", "first", "who", "may", "down", "side", "been", "now", "find", "any", "new",
-    "work", "part", "take", "get", "place", "made", "live", "where", "after", "back", "little",
-    "only", "round", "man", "year", "came", "show", "every", "good", "me", "give", "our", "under",
-    "name", "very", "through", "just", "form", "sentence", "great", "think", "say", "help", "low",
-    "line", "differ", "turn", "cause", "much", "mean", "before", "move", "right", "boy", "old",
-    "too", "same", "tell", "does", "set", "three", "want", "air", "well", "also", "play", "small",
-    "end", "put", "home", "read", "hand", "port", "large", "spell", "add", "even", "land", "here",
-    "must", "big", "high", "such", "follow", "act", "why", "ask", "men", "change", "went", "light",
-    "kind", "off", "need", "house", "picture", "try", "us", "again", "animal", "point", "mother",
-    "world", "near", "build", "self", "earth", "father", "head", "stand", "own", "page", "should",
-    "country", "found", "answer", "school", "grow", "study", "still", "learn", "plant", "cover",
-    "food", "sun", "four", "between", "state", "keep", "eye", "never", "last", "let", "thought",
-    "city", "tree", "cross", "farm", "hard", "start", "might", "story", "saw", "far", "sea", "draw",
-    "left", "late", "run", "while", "press", "close", "night", "real", "life", "few", "north",
-    "open", "seem", "together", "next", "white", "children", "begin", "got", "walk", "example",
-    "ease", "paper", "group", "always", "music", "those", "both", "mark", "often", "letter",
-    "until", "mile", "river", "car", "feet", "care", "second", "book", "carry", "took", "science",
-    "eat", "room", "friend", "began", "idea", "fish", "mountain", "stop", "once", "base", "hear",
-    "horse", "cut", "sure", "watch", "color", "face", "wood", "main", "enough", "plain", "girl",
-    "usual", "young", "ready", "above", "ever", "red", "list", "though", "feel", "talk", "bird",
-    "soon", "body", "dog", "family", "direct", "pose", "leave", "song", "measure", "door",
-    "product", "black", "short", "numeral", "class", "wind", "question", "happen", "complete",
-    "ship", "area", "half", "rock", "order", "fire", "south", "problem", "piece", "told", "knew",
-    "pass", "since", "top", "whole", "king", "space", "heard", "best", "hour", "better", "true",
-    "during", "hundred", "five", "remember", "step", "early", "hold", "west", "ground", "interest",
-    "reach", "fast", "verb", "sing", "listen", "six", "table", "travel", "less", "morning", "ten",
-    "simple", "several", "vowel", "toward", "war", "lay", "against", "pattern", "slow", "center",
-    "love", "person", "money", "serve", "appear", "road", "map", "rain", "rule", "govern", "pull",
-    "cold", "notice", "voice", "unit", "power", "town", "fine", "certain", "fly", "fall", "lead",
-    "cry", "dark", "machine", "note", "wait", "plan", "figure", "star", "box", "noun", "field",
-    "rest", "correct", "able", "pound", "done", "beauty", "drive", "stood", "contain", "front",
-    "teach", "week", "final", "gave", "green", "oh", "quick", "develop", "ocean", "warm", "free",
-    "minute", "strong", "special", "mind", "behind", "clear", "tail", "produce", "fact", "street",
-    "inch", "multiply", "nothing", "course", "stay", "wheel", "full", "force", "blue", "object",
-    "decide", "surface", "deep", "moon", "island", "foot", "system", "busy", "test", "record",
-    "boat", "common", "gold", "possible", "plane", "stead", "dry", "wonder", "laugh", "thousand",
-    "ago", "ran", "check", "game", "shape", "equate", "hot", "miss", "brought", "heat", "snow",
-    "tire", "bring", "yes", "distant", "fill", "east", "paint", "language", "among", "user",
-    "assistant", "model", "batch", "token", "server", "queue", "sipi", "tefivow", "nogabed",
-    "zakamo", "gabu", "mujatin", "caturo", "gazifu", "zobese", "tasonuf", "noboj", "newes",
-    "hikopuw", "limac", "nilifal", "pova", "butidu", "fefi", "wulazuk", "begof", "mecew", "gibap",
-    "suhun", "fivid", "gipebir", "huhu", "dahac", "civiwos", "migiz", "lapa", "voco", "kane",
-    "kekufa", "tulaga", "jihik", "tadu", "gizal", "wela", "migisuz", "tatefev", "sopupi", "hiji",
-    "taciri", "wudawu", "catabal", "hiwivi", "jupo", "lojadif", "ziheto", "kolucul", "howalu",
-    "lesu", "sizajez", "segedi", "cisater", "pefog", "barev", "kegeb", "koliloh", "wime", "fule",
-    "canu", "tepojag", "divu", "dupeju", "sozidu", "rijeni", "kefedu", "gicuvo", "zicowup", "tiked",
-    "kuhib", "gobisu", "matazum", "gemif", "sadu", "lito", "cefofu", "rakavu", "vufeze", "dusezaf",
-    "wihane", "vawos", "pogif", "vasok", "wecaru", "minazij", "lolim", "jusahe", "ranoviz", "newe",
-    "mawa", "gasogo", "foho", "pogarog", "lucugit", "regace", "jevak", "fihugem", "mewe", "fuci",
-    "baca", "viwubo", "cegakif", "tiheg", "fipofub", "tisuroz", "jopeda", "gaki", "sirotez",
-    "huhaj", "pujiwiz", "berumu", "lamob", "cimi", "giganu", "honafob", "pefare", "fitik", "mope",
-    "mugeni", "mocefan", "hulowo", "pihuj", "kuse", "sanis", "depu", "hedez", "mibit", "cici",
-    "rubo", "kukuta", "gecefud", "ruze", "nuna", "mekujok", "surij", "ceboro", "roti", "wodos",
-    "sove", "tibidid", "vemu", "kotub", "pahozi", "tocu", "sefegof", "zanahe", "lefo", "tohil",
-    "faveren", "canoku", "wojiha", "jizobef", "vubo", "kelakiz", "peleca", "repar", "wotu",
-    "ruluhuz", "rijeduv", "zicuji", "gadeti", "bapiri", "fuvame", "rinopel", "zoror", "recosu",
-    "vekera", "fetanat", "saguko", "sepafi", "dilunum", "lazu", "diko", "fezop", "foca", "pocon",
-    "gabag", "nitiz", "vozaz", "bituma", "dubol", "wilato", "loloke", "masi", "tobodud", "vekugok",
-    "zihesoz", "vamati", "jepage", "nepet", "vumosic", "lohaz", "dujone", "gicu", "telog", "raciwu",
-    "fobapu", "cunevih", "wozih", "piti", "zena", "fali", "sacuwug", "bamu", "pifa", "tefon",
-    "telagah", "paduwad", "hece", "dimato", "fisudo", "gocu", "kekim", "senage", "legilas", "sufah",
-    "kuvujim", "deham", "vubel", "guwa", "kape", "deleh", "hoveha", "corivo", "hazare", "ralokur",
-    "bubihes", "caziva", "vilel", "casete", "paliweg", "tumew", "cebemu", "mifitat", "kiha", "gotu",
-    "gamig", "vevetof", "jijote", "hicoz", "gitutah", "neji", "joliv", "rozov", "nuzuteb", "nufuj",
-    "wobize", "metoli", "hohag", "tenuwec", "rizora", "vujovi", "foto", "lona", "cova", "cadakab",
-    "henavov", "pibawov", "wefome", "gemuwuv", "vevud", "sujenem", "rulavu", "vuzijaj", "manop",
-    "mego", "tilod", "vavijal", "rejoru", "zabe", "zafocek", "vuzut", "datuwul", "cefegu", "riga",
-    "lulev", "wevase", "rudakun", "tarifu", "papez", "rufedam", "zajof", "pifekal", "nomar",
-    "musacu", "kowab", "gigo", "nodan", "jijob", "zuli", "bunojir", "rajasuz", "fihi", "likekif",
-    "dawow", "mezi", "vivib", "ruper", "vewur", "gicujap", "heci", "pezi", "webido", "najal",
-    "fajudom", "tiruc", "rise", "kuvol", "woco", "luguzod", "kagowez", "dacupo", "rapapa",
-    "gobicil", "hade", "vepu", "bepuso", "dacusid", "povun", "pusaz", "divimuj", "waba", "jikini",
-    "kuce", "fihoce", "wotup", "sosaz", "satum", "mojek", "ganumib", "boki", "gigimow", "gomaw",
-    "julapi", "foti", "vefavid", "wusapoj", "vewibuw", "susirur", "pema", "kakiraj", "pidepa",
-    "denugi", "kice", "renajef", "cula", "pobik", "givuwu", "taro", "hasuvik", "wezuka", "zifor",
-    "walunip", "vase", "zevora", "guven", "tefurej", "vohobo", "buzim", "seluj", "pavu", "luneva",
-    "tetewal", "jewahir", "fuduwif", "fasub", "durono", "wasut", "mopow", "tota", "neroto", "peze",
-    "dicemij", "firu", "femo", "tafohi", "wegom", "menet", "foha", "povuda", "kecor", "fubuge",
-    "bimi", "jepa", "kicir", "lejakaw", "lujalo", "hadocip", "saha", "jezawep", "setez", "defafir",
-    "damawan", "dezuwo", "jewiru", "ciloduf", "wicob", "lubifu", "fizo", "wacibo", "mibe", "tagazu",
-    "fulaz", "lecilo", "muku", "pigi", "lifuc", "sagekah", "culah", "relevol", "goher", "mura",
-    "finek", "totecu", "dafupo", "wiwup", "juvemu", "cuvaja", "nebe", "cegup", "cufi", "hohani",
-    "neli", "kafamu", "gewakin", "tohe", "sowi", "lufup", "nodo", "ducaza", "lidete", "liceh",
-    "tatigew", "hurulo", "tadus", "duhuzit", "koju", "midof", "lepejen", "vopi", "kebo", "sizome",
-    "hiho", "zawidi", "fecoziw", "diwa", "firune", "zowozi", "nuzave", "nivi", "hibak", "cusiv",
-    "peji", "nusu", "gowasi", "jekal", "kiguher", "bojeku", "sozubak", "sajo", "veguro", "fusocos",
-    "gusaja", "zudowo", "gibosi", "kasago", "jofi", "fefami", "wimo", "sedocu", "gilejig", "koral",
-    "dabib", "feror", "zomug", "kusebi", "cutile", "retok", "tujev", "vipuref", "sinit", "lemigu",
-    "waco", "kita", "sawus", "huwa", "ticez", "vacuzi", "lifejed", "dibi", "guhata", "dizilab",
-    "raviruf", "belo", "rape", "puso", "tetij", "futozi", "vucamid", "tugohem", "revotov", "hogive",
-    "zopeza", "hocole", "kubehu", "gonu", "miwubuh", "dofuf", "nedogos", "sezaz", "hedupub",
-    "vewufig", "homeru", "wocivoj", "lomu", "kirizuw", "ranari", "haset", "wanujok", "lonatu",
-    "rinaz", "davaka", "risa", "gezuj", "luti", "mipija", "witel", "bewuse", "tovona", "jona",
-    "kezagu", "jahu", "lepuk", "zesagof", "nozir", "bufa", "lojopup", "cavet", "vuluh", "tekonep",
-    "nadilo", "bocosic", "pafuhu", "melusev", "curuno", "vofe", "zihadev", "sivi", "kajar", "kega",
-    "rubotel", "gidesap", "paha", "fodiv", "tujuvo", "pomihi", "gakoh", "cuwako", "cuneju",
-    "wuzuge", "sezinol", "rojune", "seci", "kejuju", "zevi", "pavir", "wivuruj", "wevuji", "repi",
-    "gamo", "bises", "wikib", "bewu", "hujogi", "sihecu", "pujog", "mapes", "gisi", "pogale",
-    "mozik", "cosub", "tuzepe", "refab", "gune", "papehup", "magilo", "rabates", "ditadiw",
-    "mataru", "damunot", "wuzupan", "zaguri", "pokosim", "nati", "jopom", "zudajor", "dojaza",
-    "kivo", "dekiv", "robib", "macomoc", "hobop", "zilac", "buzamac", "mani", "jatewif", "jifud",
-    "tehija", "cavetow", "pezo", "zurot", "walove", "zukul", "duvo", "gihi", "muko", "jugof",
-    "puse", "zuceb", "gakekuw", "zadogib", "pohu", "fewijid", "hokugom", "jofahi", "wimatad",
-    "wozele", "wonelow", "giwihe", "vuli", "demuc", "piwice", "vakozub", "guzev", "judo", "tevovo",
-    "vurahev", "mehadu", "ponipog", "firoce", "hasulup", "murabep", "davigoc", "lobec", "hamob",
-    "wicuru", "gofav", "lapido", "keguled", "dozuvo", "cecij", "sufa", "filalev", "zemo", "pezulop",
-    "cifa", "hazuk", "muroj", "sibopa", "zekec", "koritub", "muduki", "soduba", "dadowo", "poba",
-    "gobu", "duhorub", "viheva", "jipek", "sapi", "nugame", "guraw", "bubo", "seduwur", "bibu",
-    "dawaha", "pozon", "mucat", "nekafe", "pihap", "kasaw", "jusofi", "bufumi", "jebi", "padan",
-    "foheg", "vunewe", "nimam", "kizi", "peluku", "voruc", "gajik", "vosi", "gacihuz", "jetuze",
-    "mabiz", "gulidi", "noti", "vaco", "pivapa", "kerocak", "zakumip", "mojime", "gekuz", "vanoni",
-    "wafevif", "saloz", "ticup", "mofeveb", "jusor", "haro", "pora", "kukahu", "molasol", "zune",
-    "roli", "megegus", "zago", "hiwak", "sakij", "gimalu", "bonisur", "lokebo", "fomaho", "hateru",
-    "mafa", "lodak", "balo", "fide", "ditaces", "ciduj", "pujilip", "duva", "hewaha", "romic",
-    "ruradi", "wowo", "vecuf", "cobida", "delaku", "mebeba", "wamofud", "polu", "cotopu", "navorig",
-    "saho", "zatimak", "mivew", "junifod", "geli", "suwepe", "dilut", "dopop", "kutamip", "dusakaf",
-    "neja", "semijov", "zonu", "tikaza", "tawehe", "hediban", "lezif", "legu", "netevud", "luvim",
-    "kelida", "tokegu", "tedefu", "voke", "hisa", "juwub", "nijo", "samubu", "buzahe", "penoti",
-    "vakabe", "romot", "kolemu", "gedo", "puzi", "cosij", "mofige", "pukewuv", "diwozed", "repepo",
-    "mibiwis", "gites", "mihotez", "nucac", "cavuli", "tunoga", "sazuhi", "sukomip", "docuze",
-    "cufaliw", "neserin", "losom", "ruji", "bovozi", "wobejem", "bidu", "sima", "jenawot", "sisu",
-    "vilis", "cuvigid", "vigem", "hihi", "tuwajic", "nocib", "rajaru", "gapu", "lufo", "morozom",
-    "fegijuj", "hakeduk", "kihat", "labe", "giciwa", "pemela", "degali", "fipise", "zipatu",
-    "tawuw", "sufuw", "kajodu", "pomef", "vumetaj", "bukeg", "foneme", "dobiker", "widi", "tevofow",
-    "hiciv", "vasaha", "fuvehoc", "lazodad", "wuwo", "wezolo", "mifuvub", "hegokom", "rupije",
-    "mudosi", "wehogam", "mijuhe", "ditugim", "pojar", "gahur", "juvasa", "zefuw", "suzece", "niwi",
-    "bopap", "kobeg", "dikobap", "gevima", "hiretan", "nodikaf", "tigono", "womejo", "geze",
-    "tefif", "wavug", "zipuwom", "pepudi", "wona", "lesalo", "kika", "nazonig", "wumohu", "sewij",
-    "kodujiw", "kako", "furepez", "cudihak", "hawogoz", "bibucat", "mekavim", "mukaka", "powi",
-    "gutacu", "cocini", "lefevu", "webawon", "hebec", "mebum", "zukoloc", "weme", "pobeha", "dahe",
-    "ranec", "hedu", "lofiwe", "rude", "tenose", "zire", "pasas", "gudez", "cevan", "nisef",
-    "motiw", "disu", "kazogap", "hecuji", "nori", "napagor", "kokojud", "motohu", "fevuj", "kogi",
-    "wopakig", "kute", "gasi", "mojejo", "zocow", "jaji", "fefav", "cowubul", "ruka", "codov",
-    "civetef", "sufesek", "jupude", "harobub", "febasi", "sabaci", "batun", "sirucig", "tifosu",
-    "cizodi", "locoz", "jonugih", "hawas", "libu", "tabiko", "jagu", "kijov", "pevila", "cumilet",
-    "fojac", "rapis", "nojo", "zafizod", "korow", "jabar", "natop", "lacac", "nipaki", "wezon",
-    "noroho", "folopo", "muma", "felok", "kerosu", "kolipe", "minutak", "kudop", "wipizop",
-    "lawatu", "kejom", "tepe", "relu", "turu", "jelof", "kuda", "hufuf", "zamahat", "juvomi",
-    "sunawik", "gifu", "wozebo", "devebi", "tumugin", "rafe", "java", "gica", "sufeca", "widucoc",
-    "kubusab", "locet", "gafag", "zotamep", "waletu", "bifubo", "tepebi", "cafaj", "kine", "zupi",
-    "jogu", "cagawol", "tolelad", "vocomeh", "magu", "wife", "bikukul", "mujubi", "mugov", "vene",
-    "tawiho", "gupi", "jegic", "voju", "jofuha", "refupi", "gevewo", "hubacom", "duse", "dihef",
-    "bituho", "jica", "kigigis", "juha", "neboz", "vezere", "curijat", "kodem", "zufubig", "kekaha",
-    "doju", "sifuc", "sole", "panijod", "vurino", "nabecu", "remituz", "hecom", "liwohe", "buwuz",
-    "sesoro", "nenu", "safuw", "zuhen", "fawoku", "rimiler", "jevek", "rawore", "kehiv", "gipun",
-    "miso", "hanug", "malohe", "tomeles", "surehi", "neme", "woduru", "ciba", "dekob", "vutuviv",
-    "ginet", "molira", "sodubo", "wehigi", "pobo", "jozepe", "pifecul", "dusuzib", "sahu",
-    "hakuhib", "rohace", "heru", "tibamow", "weto", "pijifaf", "govir", "loru", "ninum", "delekab",
-    "hurase", "gocaso", "rako", "newufak", "janozor", "foki", "sakuga", "hobe", "turaz", "muli",
-    "relib", "hupowi", "kevu", "perifaf", "vorame", "tuso", "kalip", "likoz", "meso", "hilezuv",
-    "nuwe", "tazulif", "vejocow", "kejus", "mosikij", "kovejad", "tilihi", "sosig", "gata", "tida",
-    "foko", "zokoc", "sicec", "geton", "warel", "nepafis", "voka", "kulabaz", "micab", "befa",
-    "tokigig", "lijehet", "zewi", "gece", "puno", "vanizi", "cuno", "huciko", "pewi", "vovu",
-    "mapihod", "lodo", "fotu", "nuruke", "vaha", "sote", "cimetap", "cahuw", "nuguzul", "hoke",
-    "cujoti", "puwopum", "zogobu", "kibesap", "guna", "decuti", "segas", "zutugo", "soro", "pelu",
-    "jazig", "cineb", "fawowi", "casov", "serab", "wowapi", "nofe", "lejaf", "jezasop", "hologej",
-    "vobegi", "sudiv", "niguvu", "lotag", "satak", "ture", "hefut", "hatufag", "kugo", "vibenu",
-    "jecop", "mewucop", "rerocaw", "jinas", "sifah", "wolola", "raninar", "namo", "liniz", "rico",
-    "wunuj", "hepecub", "rala", "catol", "dabohib", "dukihol", "nufarir", "lolado", "wagafi",
-    "fuheb", "nomegil", "pohepa", "wefop", "rakule", "lufilaw", "nobaba", "liceko", "bokobac",
-    "viresaf", "ceta", "keruw", "kuca", "cabehu", "pifuto", "jewan", "sanez", "soheda", "guduzep",
-    "fela", "seji", "besugo", "zima", "nena", "jucobe", "hideb", "ciha", "noba", "cufu", "zihiwo",
-    "toda", "hufe", "gutuf", "pepijaj", "kohu", "vewobi", "sehu", "gafo", "surotik", "latep",
-    "zujo", "zulugim", "nimene", "rikita", "jivekud", "misiju", "hito", "fugen", "hakofug",
-    "bukugij", "rusoc", "cifipi", "sizufuz", "jepo", "fikimad", "cajup", "japu", "zifos", "pufevi",
-    "midatar", "huvaci", "wavikos", "sazi", "wuwalo", "sowem", "tazakid", "fumuji", "cujese",
-    "belifod", "zosino", "niroha", "zodako", "huhace", "valu", "buloki", "jidim", "bamij", "ciwu",
-    "zocel", "peruta", "pavok", "labera", "tularo", "gevuje", "kapec", "fidu", "pisi", "rezikeg",
-    "wejeben", "dateg", "nakepew", "rozuz", "fegaf", "dare", "sivezot", "setaw", "nawuc", "zivi",
-    "cuhu", "ninev", "nohot", "bacac", "bavudo", "lihi", "deruv", "gotadoj", "nozuni", "robo",
-    "tonuh", "doze", "likipap", "soku", "tiri", "zewowip", "lano", "fifum", "kuwuda", "bupo",
-    "piwu", "huhujib", "pisefoj", "kizof", "fovozud", "rekus", "pefen", "betuvo", "hosi", "gejomiv",
-    "kuwiwez", "potoli", "vifek", "ligopa", "wuduv", "joluwiv", "jefeda", "saviraf", "zetaro",
-    "pofep", "sowiw", "zuwijok", "nipurer", "nimibij", "jakej", "powekit", "gaga", "hace", "gecig",
-    "moket", "fotiw", "besup", "navo", "suge", "mimej", "mujical", "duwom", "socafu", "moniz",
-    "lere", "vesawa", "zako", "ganajan", "kifo", "tujonu", "furikel", "kaliso", "mumovu", "nekeji",
-    "cefuwe", "huros", "mupoz", "wadepi", "pacubiw", "hifato", "zeciv", "mabol", "nopo", "hojo",
-    "rifa", "codoha", "pegorik", "gukunol", "zozilo", "kini", "ditovil", "dofedut", "gowilap",
-    "gahu", "bovobam", "habuwi", "kazuju", "bijihup", "sicugot", "mekitu", "fedisop", "cuwo",
-    "gonalej", "wuca", "sulohe", "cukeri", "nereti", "disumuk", "kowibuf", "jujosi", "vupaviz",
-    "feti", "pumavi", "meka", "kosopus", "relefoh", "wolur", "wopub", "nakajoc", "veloga", "datuda",
-    "joweb", "zateze", "mozefu", "zikof", "dike", "tevupo", "vuducu", "veke", "sacogiv", "dawulo",
-    "cufeb", "leguzu", "lakufot", "pocir", "berimok", "gugemac", "beji", "wikira", "vazomib",
-    "kiso", "kokub", "beleti", "bitucok", "havamoj", "wizi", "fefa", "veca", "sageju", "hibavo",
-    "mezif", "rucig", "borusar", "hihela", "rezuz", "berep", "fafaz", "pasocil", "pebutak",
-    "rafosem", "sulatij", "lidoz", "vetune", "gerid", "nosun", "cupeg", "cipe", "caminuf", "nizo",
-    "hizuzog", "howumus", "nuwas", "geda", "gacetom", "tadi", "sewa", "fenid", "kanul", "zenip",
-    "zase", "koleg", "jezinur", "zafig", "zuki", "sepazol", "mofetez", "lorid", "jode", "rebive",
-    "dibemiz", "sabanov", "nomuvo", "pafohe", "zenoliz", "galusac", "madik", "jugik", "lefil",
-    "niwaleb", "lonose", "melihiv", "tivap", "suhar", "vetotaw", "bifekal", "fenemot", "sowe",
-    "delipuk", "huvude", "jasuva", "nowivur", "jicip", "junopi", "jase", "dapufi", "sugul", "zove",
-    "lucej", "jedosof", "gatidib", "ludiva", "rulodi", "gogi", "tezo", "gomato", "buvanab",
-    "tetalod", "sajas", "wore", "wogizul", "jehop", "siho", "muzitow", "fitidut", "nifiba",
-    "fegukot", "ropuw", "zokoca", "mejoz", "cavegef", "kocaho", "hujavu", "helisa", "hugov", "tifi",
-    "cipek", "rufo", "gici", "zumo", "camola", "sucaf", "muja", "jijasu", "fita", "zelupa", "vifel",
-    "careroj", "raci", "lajihi", "repepu", "namupu", "lawege", "zumos", "peper", "bidetep", "ranu",
-    "horafa", "cusamir", "vehew", "nanogop",
-};
+// The words in id order, each followed by one space (no word holds a space).
+inline constexpr std::string_view text_vocabulary_text =
+    ". , the of and to a in is it you that he was for on are with as i his they be at one have "
+    "this from or had by word but what some we can out other were all there when up use your "
+    "how said an each she which do their time if will way about many then them write would "
+    "like so these her long make thing see him two has look more day could go come did number "
+    "sound no most people my over know water than call first who may down side been now find "
+    "any new work part take get place made live where after back little only round man year "
+    "came show every good me give our under name very through just form sentence great think "
+    "say help low line differ turn cause much mean before move right boy old too same tell "
+    "does set three want air well also play small end put home read hand port large spell add "
+    "even land here must big high such follow act why ask men change went light kind off need "
+    "house picture try us again animal point mother world near build self earth father head "
+    "stand own page should country found answer school grow study still learn plant cover food "
+    "sun four between state keep eye never last let thought city tree cross farm hard start "
+    "might story saw far sea draw left late run while press close night real life few north "
+    "open seem together next white children begin got walk example ease paper group always "
+    "music those both mark often letter until mile river car feet care second book carry took "
+    "science eat room friend began idea fish mountain stop once base hear horse cut sure watch "
+    "color face wood main enough plain girl usual young ready above ever red list though feel "
+    "talk bird soon body dog family direct pose leave song measure door product black short "
+    "numeral class wind question happen complete ship area half rock order fire south problem "
+    "piece told knew pass since top whole king space heard best hour better true during "
+    "hundred five remember step early hold west ground interest reach fast verb sing listen "
+    "six table travel less morning ten simple several vowel toward war lay against pattern "
+    "slow center love person money serve appear road map rain rule govern pull cold notice "
+    "voice unit power town fine certain fly fall lead cry dark machine note wait plan figure "
+    "star box noun field rest correct able pound done beauty drive stood contain front teach "
+    "week final gave green oh quick develop ocean warm free minute strong special mind behind "
+    "clear tail produce fact street inch multiply nothing course stay wheel full force blue "
+    "object decide surface deep moon island foot system busy test record boat common gold "
+    "possible plane stead dry wonder laugh thousand ago ran check game shape equate hot miss "
+    "brought heat snow tire bring yes distant fill east paint language among user assistant "
+    "model batch token server queue sipi tefivow nogabed zakamo gabu mujatin caturo gazifu "
+    "zobese tasonuf noboj newes hikopuw limac nilifal pova butidu fefi wulazuk begof mecew "
+    "gibap suhun fivid gipebir huhu dahac civiwos migiz lapa voco kane kekufa tulaga jihik "
+    "tadu gizal wela migisuz tatefev sopupi hiji taciri wudawu catabal hiwivi jupo lojadif "
+    "ziheto kolucul howalu lesu sizajez segedi cisater pefog barev kegeb koliloh wime fule "
+    "canu tepojag divu dupeju sozidu rijeni kefedu gicuvo zicowup tiked kuhib gobisu matazum "
+    "gemif sadu lito cefofu rakavu vufeze dusezaf wihane vawos pogif vasok wecaru minazij "
+    "lolim jusahe ranoviz newe mawa gasogo foho pogarog lucugit regace jevak fihugem mewe fuci "
+    "baca viwubo cegakif tiheg fipofub tisuroz jopeda gaki sirotez huhaj pujiwiz berumu lamob "
+    "cimi giganu honafob pefare fitik mope mugeni mocefan hulowo pihuj kuse sanis depu hedez "
+    "mibit cici rubo kukuta gecefud ruze nuna mekujok surij ceboro roti wodos sove tibidid "
+    "vemu kotub pahozi tocu sefegof zanahe lefo tohil faveren canoku wojiha jizobef vubo "
+    "kelakiz peleca repar wotu ruluhuz rijeduv zicuji gadeti bapiri fuvame rinopel zoror "
+    "recosu vekera fetanat saguko sepafi dilunum lazu diko fezop foca pocon gabag nitiz vozaz "
+    "bituma dubol wilato loloke masi tobodud vekugok zihesoz vamati jepage nepet vumosic lohaz "
+    "dujone gicu telog raciwu fobapu cunevih wozih piti zena fali sacuwug bamu pifa tefon "
+    "telagah paduwad hece dimato fisudo gocu kekim senage legilas sufah kuvujim deham vubel "
+    "guwa kape deleh hoveha corivo hazare ralokur bubihes caziva vilel casete paliweg tumew "
+    "cebemu mifitat kiha gotu gamig vevetof jijote hicoz gitutah neji joliv rozov nuzuteb "
+    "nufuj wobize metoli hohag tenuwec rizora vujovi foto lona cova cadakab henavov pibawov "
+    "wefome gemuwuv vevud sujenem rulavu vuzijaj manop mego tilod vavijal rejoru zabe zafocek "
+    "vuzut datuwul cefegu riga lulev wevase rudakun tarifu papez rufedam zajof pifekal nomar "
+    "musacu kowab gigo nodan jijob zuli bunojir rajasuz fihi likekif dawow mezi vivib ruper "
+    "vewur gicujap heci pezi webido najal fajudom tiruc rise kuvol woco luguzod kagowez dacupo "
+    "rapapa gobicil hade vepu bepuso dacusid povun pusaz divimuj waba jikini kuce fihoce wotup "
+    "sosaz satum mojek ganumib boki gigimow gomaw julapi foti vefavid wusapoj vewibuw susirur "
+    "pema kakiraj pidepa denugi kice renajef cula pobik givuwu taro hasuvik wezuka zifor "
+    "walunip vase zevora guven tefurej vohobo buzim seluj pavu luneva tetewal jewahir fuduwif "
+    "fasub durono wasut mopow tota neroto peze dicemij firu femo tafohi wegom menet foha "
+    "povuda kecor fubuge bimi jepa kicir lejakaw lujalo hadocip saha jezawep setez defafir "
+    "damawan dezuwo jewiru ciloduf wicob lubifu fizo wacibo mibe tagazu fulaz lecilo muku pigi "
+    "lifuc sagekah culah relevol goher mura finek totecu dafupo wiwup juvemu cuvaja nebe cegup "
+    "cufi hohani neli kafamu gewakin tohe sowi lufup nodo ducaza lidete liceh tatigew hurulo "
+    "tadus duhuzit koju midof lepejen vopi kebo sizome hiho zawidi fecoziw diwa firune zowozi "
+    "nuzave nivi hibak cusiv peji nusu gowasi jekal kiguher bojeku sozubak sajo veguro fusocos "
+    "gusaja zudowo gibosi kasago jofi fefami wimo sedocu gilejig koral dabib feror zomug "
+    "kusebi cutile retok tujev vipuref sinit lemigu waco kita sawus huwa ticez vacuzi lifejed "
+    "dibi guhata dizilab raviruf belo rape puso tetij futozi vucamid tugohem revotov hogive "
+    "zopeza hocole kubehu gonu miwubuh dofuf nedogos sezaz hedupub vewufig homeru wocivoj lomu "
+    "kirizuw ranari haset wanujok lonatu rinaz davaka risa gezuj luti mipija witel bewuse "
+    "tovona jona kezagu jahu lepuk zesagof nozir bufa lojopup cavet vuluh tekonep nadilo "
+    "bocosic pafuhu melusev curuno vofe zihadev sivi kajar kega rubotel gidesap paha fodiv "
+    "tujuvo pomihi gakoh cuwako cuneju wuzuge sezinol rojune seci kejuju zevi pavir wivuruj "
+    "wevuji repi gamo bises wikib bewu hujogi sihecu pujog mapes gisi pogale mozik cosub "
+    "tuzepe refab gune papehup magilo rabates ditadiw mataru damunot wuzupan zaguri pokosim "
+    "nati jopom zudajor dojaza kivo dekiv robib macomoc hobop zilac buzamac mani jatewif jifud "
+    "tehija cavetow pezo zurot walove zukul duvo gihi muko jugof puse zuceb gakekuw zadogib "
+    "pohu fewijid hokugom jofahi wimatad wozele wonelow giwihe vuli demuc piwice vakozub guzev "
+    "judo tevovo vurahev mehadu ponipog firoce hasulup murabep davigoc lobec hamob wicuru "
+    "gofav lapido keguled dozuvo cecij sufa filalev zemo pezulop cifa hazuk muroj sibopa zekec "
+    "koritub muduki soduba dadowo poba gobu duhorub viheva jipek sapi nugame guraw bubo "
+    "seduwur bibu dawaha pozon mucat nekafe pihap kasaw jusofi bufumi jebi padan foheg vunewe "
+    "nimam kizi peluku voruc gajik vosi gacihuz jetuze mabiz gulidi noti vaco pivapa kerocak "
+    "zakumip mojime gekuz vanoni wafevif saloz ticup mofeveb jusor haro pora kukahu molasol "
+    "zune roli megegus zago hiwak sakij gimalu bonisur lokebo fomaho hateru mafa lodak balo "
+    "fide ditaces ciduj pujilip duva hewaha romic ruradi wowo vecuf cobida delaku mebeba "
+    "wamofud polu cotopu navorig saho zatimak mivew junifod geli suwepe dilut dopop kutamip "
+    "dusakaf neja semijov zonu tikaza tawehe hediban lezif legu netevud luvim kelida tokegu "
+    "tedefu voke hisa juwub nijo samubu buzahe penoti vakabe romot kolemu gedo puzi cosij "
+    "mofige pukewuv diwozed repepo mibiwis gites mihotez nucac cavuli tunoga sazuhi sukomip "
+    "docuze cufaliw neserin losom ruji bovozi wobejem bidu sima jenawot sisu vilis cuvigid "
+    "vigem hihi tuwajic nocib rajaru gapu lufo morozom fegijuj hakeduk kihat labe giciwa "
+    "pemela degali fipise zipatu tawuw sufuw kajodu pomef vumetaj bukeg foneme dobiker widi "
+    "tevofow hiciv vasaha fuvehoc lazodad wuwo wezolo mifuvub hegokom rupije mudosi wehogam "
+    "mijuhe ditugim pojar gahur juvasa zefuw suzece niwi bopap kobeg dikobap gevima hiretan "
+    "nodikaf tigono womejo geze tefif wavug zipuwom pepudi wona lesalo kika nazonig wumohu "
+    "sewij kodujiw kako furepez cudihak hawogoz bibucat mekavim mukaka powi gutacu cocini "
+    "lefevu webawon hebec mebum zukoloc weme pobeha dahe ranec hedu lofiwe rude tenose zire "
+    "pasas gudez cevan nisef motiw disu kazogap hecuji nori napagor kokojud motohu fevuj kogi "
+    "wopakig kute gasi mojejo zocow jaji fefav cowubul ruka codov civetef sufesek jupude "
+    "harobub febasi sabaci batun sirucig tifosu cizodi locoz jonugih hawas libu tabiko jagu "
+    "kijov pevila cumilet fojac rapis nojo zafizod korow jabar natop lacac nipaki wezon noroho "
+    "folopo muma felok kerosu kolipe minutak kudop wipizop lawatu kejom tepe relu turu jelof "
+    "kuda hufuf zamahat juvomi sunawik gifu wozebo devebi tumugin rafe java gica sufeca "
+    "widucoc kubusab locet gafag zotamep waletu bifubo tepebi cafaj kine zupi jogu cagawol "
+    "tolelad vocomeh magu wife bikukul mujubi mugov vene tawiho gupi jegic voju jofuha refupi "
+    "gevewo hubacom duse dihef bituho jica kigigis juha neboz vezere curijat kodem zufubig "
+    "kekaha doju sifuc sole panijod vurino nabecu remituz hecom liwohe buwuz sesoro nenu safuw "
+    "zuhen fawoku rimiler jevek rawore kehiv gipun miso hanug malohe tomeles surehi neme "
+    "woduru ciba dekob vutuviv ginet molira sodubo wehigi pobo jozepe pifecul dusuzib sahu "
+    "hakuhib rohace heru tibamow weto pijifaf govir loru ninum delekab hurase gocaso rako "
+    "newufak janozor foki sakuga hobe turaz muli relib hupowi kevu perifaf vorame tuso kalip "
+    "likoz meso hilezuv nuwe tazulif vejocow kejus mosikij kovejad tilihi sosig gata tida foko "
+    "zokoc sicec geton warel nepafis voka kulabaz micab befa tokigig lijehet zewi gece puno "
+    "vanizi cuno huciko pewi vovu mapihod lodo fotu nuruke vaha sote cimetap cahuw nuguzul "
+    "hoke cujoti puwopum zogobu kibesap guna decuti segas zutugo soro pelu jazig cineb fawowi "
+    "casov serab wowapi nofe lejaf jezasop hologej vobegi sudiv niguvu lotag satak ture hefut "
+    "hatufag kugo vibenu jecop mewucop rerocaw jinas sifah wolola raninar namo liniz rico "
+    "wunuj hepecub rala catol dabohib dukihol nufarir lolado wagafi fuheb nomegil pohepa wefop "
+    "rakule lufilaw nobaba liceko bokobac viresaf ceta keruw kuca cabehu pifuto jewan sanez "
+    "soheda guduzep fela seji besugo zima nena jucobe hideb ciha noba cufu zihiwo toda hufe "
+    "gutuf pepijaj kohu vewobi sehu gafo surotik latep zujo zulugim nimene rikita jivekud "
+    "misiju hito fugen hakofug bukugij rusoc cifipi sizufuz jepo fikimad cajup japu zifos "
+    "pufevi midatar huvaci wavikos sazi wuwalo sowem tazakid fumuji cujese belifod zosino "
+    "niroha zodako huhace valu buloki jidim bamij ciwu zocel peruta pavok labera tularo gevuje "
+    "kapec fidu pisi rezikeg wejeben dateg nakepew rozuz fegaf dare sivezot setaw nawuc zivi "
+    "cuhu ninev nohot bacac bavudo lihi deruv gotadoj nozuni robo tonuh doze likipap soku tiri "
+    "zewowip lano fifum kuwuda bupo piwu huhujib pisefoj kizof fovozud rekus pefen betuvo hosi "
+    "gejomiv kuwiwez potoli vifek ligopa wuduv joluwiv jefeda saviraf zetaro pofep sowiw "
+    "zuwijok nipurer nimibij jakej powekit gaga hace gecig moket fotiw besup navo suge mimej "
+    "mujical duwom socafu moniz lere vesawa zako ganajan kifo tujonu furikel kaliso mumovu "
+    "nekeji cefuwe huros mupoz wadepi pacubiw hifato zeciv mabol nopo hojo rifa codoha pegorik "
+    "gukunol zozilo kini ditovil dofedut gowilap gahu bovobam habuwi kazuju bijihup sicugot "
+    "mekitu fedisop cuwo gonalej wuca sulohe cukeri nereti disumuk kowibuf jujosi vupaviz feti "
+    "pumavi meka kosopus relefoh wolur wopub nakajoc veloga datuda joweb zateze mozefu zikof "
+    "dike tevupo vuducu veke sacogiv dawulo cufeb leguzu lakufot pocir berimok gugemac beji "
+    "wikira vazomib kiso kokub beleti bitucok havamoj wizi fefa veca sageju hibavo mezif rucig "
+    "borusar hihela rezuz berep fafaz pasocil pebutak rafosem sulatij lidoz vetune gerid nosun "
+    "cupeg cipe caminuf nizo hizuzog howumus nuwas geda gacetom tadi sewa fenid kanul zenip "
+    "zase koleg jezinur zafig zuki sepazol mofetez lorid jode rebive dibemiz sabanov nomuvo "
+    "pafohe zenoliz galusac madik jugik lefil niwaleb lonose melihiv tivap suhar vetotaw "
+    "bifekal fenemot sowe delipuk huvude jasuva nowivur jicip junopi jase dapufi sugul zove "
+    "lucej jedosof gatidib ludiva rulodi gogi tezo gomato buvanab tetalod sajas wore wogizul "
+    "jehop siho muzitow fitidut nifiba fegukot ropuw zokoca mejoz cavegef kocaho hujavu helisa "
+    "hugov tifi cipek rufo gici zumo camola sucaf muja jijasu fita zelupa vifel careroj raci "
+    "lajihi repepu namupu lawege zumos peper bidetep ranu horafa cusamir vehew nanogop ";
+
+inline constexpr std::size_t text_vocabulary_size = 2048;
+
+// text_vocabulary_text split at its spaces, computed at compile time.
+inline constexpr std::array<std::string_view, text_vocabulary_size> text_vocabulary_words = [] {
+  std::array<std::string_view, text_vocabulary_size> words{};
+  std::size_t n = 0;
+  std::size_t begin = 0;
+  for (std::size_t i = 0; i < text_vocabulary_text.size(); ++i) {
+    if (text_vocabulary_text[i] != ' ') continue;
+    words.at(n++) = text_vocabulary_text.substr(begin, i - begin);
+    begin = i + 1;
+  }
+  return n == words.size() ? words : decltype(words){};
+}();
+static_assert(text_vocabulary_words.back() == "nanogop", "the vocabulary lost a word");
 
 }  // namespace tailbatch::reference::detail
