@@ -2,9 +2,12 @@
 //
 // The reference text classifier (tailbatch/reference) runs behind a tailbatch Pipeline.
 // The demo sweeps the offered load (open loop, Poisson arrivals, latency from each
-// request's intended send time) three times: with batching off (max_batch 1, no window),
-// with a fixed dynamic window, and with the AdaptiveWindow (told only the SLO and the
-// max batch), and says where adaptive met or missed the fixed window it ran beside. For each rate
+// request's intended send time) with three setups: batching off (max_batch 1, no window),
+// a fixed dynamic window, and the AdaptiveWindow (told only the SLO and the max batch),
+// interleaved: at each rate the three run back to back (the fixed and the adaptive window
+// taking turns to go first), so that the machine's drift falls on them alike; each setup's
+// sweep stops at its own first rate over the SLO. It says where adaptive met or missed the
+// fixed window it ran beside. For each rate
 // it prints p50/p95/p99, the achieved throughput and the cost (process CPU milliseconds per
 // completed request), finds each setup's saturation point, and answers the latency field guide's
 // practical project ("show p50/p95 before and after") and mini challenge ("reduce p95 by 20 %
@@ -12,7 +15,7 @@
 // SVG plots and prints their paths.
 //
 //   before_after_demo [--out DIR] [--quick] [--slo-p95-ms 50] [--window-ms 0.5] [--max-batch 32]
-//                     [--rates 800,1600,...] [--results FILE]
+//                     [--rates 800,1600,...] [--results FILE] [--adaptive-first]
 //
 // The window: the latency field guide's 2-10 ms is for a model that takes ~20 ms per batch; the
 // reference classifier takes ~1 ms at batch 1 on a CPU, so the demo scales the window down with it.
@@ -32,6 +35,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -134,42 +138,76 @@ double burst_capacity(const ClassifierModel& model, const std::vector<std::strin
   return static_cast<double>(done.load()) / duration<double>(steady_clock::now() - t0).count();
 }
 
-void run_setup(Setup& setup, const std::vector<double>& rates, const ClassifierModel& model,
-               const std::vector<std::string>& corpus, std::size_t lanes_n, double slo_ms,
-               nanoseconds step, nanoseconds warmup) {
-  std::atomic<std::int64_t> model_cpu_ns{0};
-  std::atomic<std::uint64_t> batches{0}, batched{0};
-  auto timed_model = [&](std::span<const std::string> texts, std::span<Prediction> out,
-                         tailbatch::HostLane& lane) {
-    const std::int64_t t0 = thread_cpu_ns();
-    model(texts, out, lane);
-    model_cpu_ns.fetch_add(thread_cpu_ns() - t0, std::memory_order_relaxed);
-    batches.fetch_add(1, std::memory_order_relaxed);
-    batched.fetch_add(texts.size(), std::memory_order_relaxed);
-  };
-  tailbatch::HostLanes lanes(lanes_n);
-  tailbatch::PipelineConfig<std::string> pc;
-  pc.queue_capacity = 4096;
-  tailbatch::Pipeline<std::string, Prediction, DemoPolicy> pipeline(timed_model, policy_of(setup),
-                                                                    pc, lanes);
-  auto target = tailbatch::pipeline_target(
-      pipeline, [&corpus](std::uint64_t i) { return corpus[i % corpus.size()]; });
+// One setup's Pipeline, kept from the first rate to the last (the AdaptiveWindow carries
+// what it learned from one rate to the next, as it would in a server), and its measured
+// steps. Held by pointer: the model wrapper refers to the counters by address.
+class SetupRun {
+ public:
+  SetupRun(Setup& setup, const ClassifierModel& model, const std::vector<std::string>& corpus,
+           std::size_t lanes_n)
+      : setup_(setup),
+        corpus_(corpus),
+        lanes_(lanes_n),
+        pipeline_(
+            [this, &model](std::span<const std::string> texts, std::span<Prediction> out,
+                           tailbatch::HostLane& lane) {
+              const std::int64_t t0 = thread_cpu_ns();
+              model(texts, out, lane);
+              model_cpu_ns_.fetch_add(thread_cpu_ns() - t0, std::memory_order_relaxed);
+              batches_.fetch_add(1, std::memory_order_relaxed);
+              batched_.fetch_add(texts.size(), std::memory_order_relaxed);
+            },
+            policy_of(setup), config(), lanes_) {}
+
+  Setup& setup() noexcept { return setup_; }
+  // Still in the sweep: no rate has missed the SLO (twice) yet.
+  bool running() const noexcept { return !stopped_; }
+
+  // Runs rates[i] (confirmed once on a miss), appends its row, and stops this setup's
+  // sweep at its first rate over the SLO.
+  void run_rate(const std::vector<double>& rates, std::size_t i, double slo_ms, nanoseconds step,
+                nanoseconds warmup) {
+    Row row = measure(rates, i, 0, slo_ms, step, warmup);
+    if (!row.meets) {
+      // On a shared machine a neighbour's burst can spoil one step: a rate fails only if
+      // it misses the SLO twice. The table keeps the run that passed, or the second miss.
+      Row again = measure(rates, i, 1, slo_ms, step, warmup);
+      again.verdict += again.meets ? " (on a second run; the first missed)" : " (twice)";
+      row = std::move(again);
+    }
+    setup_.rows.push_back(std::move(row));
+    if (setup_.rows.back().meets) {
+      setup_.saturation = i;
+    } else {
+      stopped_ = true;  // past saturation more load only queues
+    }
+  }
+
+ private:
+  static tailbatch::PipelineConfig<std::string> config() {
+    tailbatch::PipelineConfig<std::string> pc;
+    pc.queue_capacity = 4096;
+    return pc;
+  }
 
   // One measured step at rates[i]; `attempt` > 0 marks a confirmation run.
-  auto measure = [&](std::size_t i, int attempt) {
+  Row measure(const std::vector<double>& rates, std::size_t i, int attempt, double slo_ms,
+              nanoseconds step, nanoseconds warmup) {
+    auto target = tailbatch::pipeline_target(
+        pipeline_, [this](std::uint64_t k) { return corpus_[k % corpus_.size()]; });
     tailbatch::LoadConfig o;
     o.profile = tailbatch::LoadProfile::poisson(rates[i], step);
     o.warmup = warmup;
     o.seed =
-        1000 + i + 100 * static_cast<std::uint64_t>(attempt);  // the same arrivals for both setups
+        1000 + i + 100 * static_cast<std::uint64_t>(attempt);  // the same arrivals for every setup
     o.drain_timeout = seconds(5);
     o.progress = tailbatch::progress_to(std::cerr);
     o.progress_interval = std::min<nanoseconds>(seconds(1), step / 2);
-    o.label = fmt::format("{} {:.0f} rps {}/{}{}", setup.name, rates[i], i + 1, rates.size(),
+    o.label = fmt::format("{} {:.0f} rps {}/{}{}", setup_.name, rates[i], i + 1, rates.size(),
                           attempt > 0 ? " (again)" : "");
     const double cpu0 = process_cpu_s();
-    const std::int64_t m0 = model_cpu_ns.load();
-    const std::uint64_t b0 = batches.load(), n0 = batched.load();
+    const std::int64_t m0 = model_cpu_ns_.load();
+    const std::uint64_t b0 = batches_.load(), n0 = batched_.load();
     Row row;
     row.offered = rates[i];
     row.result = tailbatch::run_load(o, target);
@@ -178,9 +216,9 @@ void run_setup(Setup& setup, const std::vector<double>& rates, const ClassifierM
     const double completed = static_cast<double>(row.result.ok + row.result.warmup_requests);
     row.cpu_ms_per_req = completed > 0 ? cpu * 1000.0 / completed : 0.0;
     row.model_cpu_ms_per_req =
-        completed > 0 ? static_cast<double>(model_cpu_ns.load() - m0) / 1e6 / completed : 0.0;
-    const auto nb = batches.load() - b0;
-    row.mean_batch = nb ? static_cast<double>(batched.load() - n0) / static_cast<double>(nb) : 0.0;
+        completed > 0 ? static_cast<double>(model_cpu_ns_.load() - m0) / 1e6 / completed : 0.0;
+    const auto nb = batches_.load() - b0;
+    row.mean_batch = nb ? static_cast<double>(batched_.load() - n0) / static_cast<double>(nb) : 0.0;
     if (row.result.error_rate() >= 0.01) {
       row.verdict = fmt::format("errors {:.1f} %", row.result.error_rate() * 100.0);
     } else if (ms(row.result.p95) > slo_ms) {
@@ -191,24 +229,40 @@ void run_setup(Setup& setup, const std::vector<double>& rates, const ClassifierM
     }
     std::this_thread::sleep_for(milliseconds(200));
     return row;
-  };
+  }
 
-  bool all_ok = true;
+  Setup& setup_;
+  const std::vector<std::string>& corpus_;
+  std::atomic<std::int64_t> model_cpu_ns_{0};
+  std::atomic<std::uint64_t> batches_{0}, batched_{0};
+  bool stopped_ = false;
+  tailbatch::HostLanes lanes_;
+  tailbatch::Pipeline<std::string, Prediction, DemoPolicy> pipeline_;
+};
+
+// The sweep, interleaved: at each rate every setup still in its sweep runs once, back to
+// back (batching off, then the fixed window and the adaptive window, which of the two
+// first alternating from rate to rate), so that a drift of the machine's speed over the
+// demo falls on the setups it compares alike. Each setup still stops at its own first
+// rate over the SLO, so each one's saturation is found as in a sweep of its own.
+void run_interleaved(Setup& before, Setup& after, Setup& adaptive, const std::vector<double>& rates,
+                     const ClassifierModel& model, const std::vector<std::string>& corpus,
+                     std::size_t lanes_n, double slo_ms, nanoseconds step, nanoseconds warmup,
+                     bool adaptive_first) {
+  auto run_before = std::make_unique<SetupRun>(before, model, corpus, lanes_n);
+  auto run_after = std::make_unique<SetupRun>(after, model, corpus, lanes_n);
+  auto run_adaptive = std::make_unique<SetupRun>(adaptive, model, corpus, lanes_n);
   for (std::size_t i = 0; i < rates.size(); ++i) {
-    Row row = measure(i, 0);
-    if (!row.meets) {
-      // On a shared machine a neighbour's burst can spoil one step: a rate fails only if
-      // it misses the SLO twice. The table keeps the run that passed, or the second miss.
-      Row again = measure(i, 1);
-      again.verdict += again.meets ? " (on a second run; the first missed)" : " (twice)";
-      row = std::move(again);
+    const bool swap = (i % 2 == 1) != adaptive_first;
+    SetupRun* order[] = {run_before.get(), swap ? run_adaptive.get() : run_after.get(),
+                         swap ? run_after.get() : run_adaptive.get()};
+    bool any = false;
+    for (SetupRun* r : order) {
+      if (!r->running()) continue;
+      any = true;
+      r->run_rate(rates, i, slo_ms, step, warmup);
     }
-    setup.rows.push_back(std::move(row));
-    if (setup.rows.back().meets && all_ok) setup.saturation = i;
-    if (!setup.rows.back().meets) {
-      all_ok = false;
-      break;  // past saturation more load only queues
-    }
+    if (!any) break;
   }
 }
 
@@ -267,6 +321,10 @@ int main(int argc, char** argv) {
   app.add_option("--results", results_path,
                  "also write the fixed window's and the adaptive window's figures per rate to "
                  "FILE, one JSON object a line");
+  bool adaptive_first = false;
+  app.add_flag("--adaptive-first", adaptive_first,
+               "at the first rate (and every other one) run the adaptive window before the "
+               "fixed one (default: the fixed one first; they alternate from rate to rate)");
   app.add_option("--lanes", lanes_n, "host lanes (worker threads running the model)")
       ->capture_default_str()
       ->check(CLI::Range(1, 16));
@@ -340,9 +398,8 @@ int main(int argc, char** argv) {
   ac.slo_p95 = duration_cast<nanoseconds>(duration<double, std::milli>(slo_ms));
   ac.max_batch = max_batch;
   Setup adaptive{"adaptive", max_batch, nanoseconds(0), {}, {}, tailbatch::AdaptiveWindow(ac)};
-  run_setup(before, rates, model, corpus, lanes_n, slo_ms, step, warmup);
-  run_setup(after, rates, model, corpus, lanes_n, slo_ms, step, warmup);
-  run_setup(adaptive, rates, model, corpus, lanes_n, slo_ms, step, warmup);
+  run_interleaved(before, after, adaptive, rates, model, corpus, lanes_n, slo_ms, step, warmup,
+                  adaptive_first);
 
   fmt::print("\nBEFORE: batching off (FixedWindow max_batch 1, no window)\n");
   print_setup(before);

@@ -9,10 +9,14 @@
 #   benchmarks/adaptive/live.sh [--json] [--runs 3] [--quick] [--build build/default] [-- DEMO ARGS]
 #
 # The first run picks the rates (from the measured capacity); the others run the same
-# rates (--rates). --json prints one object per rate {rate, fixed_p95_ms, adaptive_p95_ms,
-# fixed_cpu_ms_per_request, adaptive_cpu_ms_per_request, fixed_ok, adaptive_ok} and a last
-# {fixed_saturation_rps, adaptive_saturation_rps}. A rate a setup did not reach (its sweep
-# stopped at an earlier miss) counts as missed for it. LIVE_RUN_PREFIX, when set, is put
+# rates (--rates). Each demo run interleaves its setups (at each rate: batching off, then
+# the fixed and the adaptive window back to back, taking turns to go first); the runs
+# alternate which of the two goes first at the first rate (--adaptive-first in runs 2, 4,
+# ...), so that neither always goes first at a rate. --json prints one object per rate
+# {rate, fixed_p95_ms, adaptive_p95_ms, fixed_cpu_ms_per_request,
+# adaptive_cpu_ms_per_request, fixed_ok, adaptive_ok} and a last {fixed_saturation_rps,
+# adaptive_saturation_rps}. A rate a setup did not reach (its sweep stopped at an earlier
+# miss) counts as missed for it. LIVE_RUN_PREFIX, when set, is put
 # before each demo run (e.g. a command that waits for a quiet machine). Exit status 1 when
 # a goal is missed.
 set -euo pipefail
@@ -39,6 +43,7 @@ rates=()
 for ((i = 1; i <= runs; i++)); do
   extra=()
   [[ ${#rates[@]} -gt 0 ]] && extra=(--rates "$(IFS=,; echo "${rates[*]}")")
+  ((i % 2 == 0)) && extra+=(--adaptive-first)
   "${prefix[@]}" "$demo" "${quick[@]}" "${demo_args[@]}" "${extra[@]}" --out "$work/plots" \
     --results "$work/run$i.jsonl" >"$work/run$i.txt" 2>"$work/run$i.err"
   if [[ ${#rates[@]} -eq 0 ]]; then
