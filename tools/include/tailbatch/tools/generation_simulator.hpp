@@ -190,11 +190,11 @@ struct GenerationWorkload {
 // 2-core x86-64 machine (docs/performance.md, "KV-cache scheduling"): a step streams the
 // weights once, so its base dominates and each sequence adds little.
 struct GenerationStepCost {
-  std::chrono::nanoseconds base{std::chrono::microseconds(300)};
-  std::chrono::nanoseconds per_prefill_token{std::chrono::nanoseconds(4500)};
+  std::chrono::nanoseconds base{std::chrono::microseconds(290)};
+  std::chrono::nanoseconds per_prefill_token{std::chrono::nanoseconds(5000)};
   // Per sequence that emits a token in the step (decoding, or ending its prefill): the
   // token fed and the logits over the vocabulary.
-  std::chrono::nanoseconds per_sequence{std::chrono::microseconds(10)};
+  std::chrono::nanoseconds per_sequence{std::chrono::microseconds(17)};
 
   // The time of a step that computes `prefill_tokens` prompt tokens and emits for
   // `sequences` sequences. Never allocates. Thread-safe.
