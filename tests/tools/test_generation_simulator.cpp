@@ -3,12 +3,11 @@
 // lone request, determinism, reserve never preempting, grow preempting (and recomputing)
 // when the pool runs dry, prefix reuse cutting prefill, and the output-length
 // distributions and their parsing.
-#include <tailbatch/tools/generation_simulator.hpp>
-
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tailbatch/tools/generation_simulator.hpp>
 
 #include "tailbatch_test.hpp"
 
@@ -181,7 +180,8 @@ TEST_CASE("output-length distributions: their means, the cap, and their text",
   CHECK(parse_output_lengths("geometric:64.5").mean() == 64.5);
   CHECK(parse_output_lengths("geometric:128").to_string() == "geometric:128");
   CHECK(parse_output_lengths("fixed:3").to_string() == "fixed:3");
-  CHECK_INVALID(parse_output_lengths("fixed:0"), "\"fixed:0\": fixed:N needs a whole number N >= 1");
+  CHECK_INVALID(parse_output_lengths("fixed:0"),
+                "\"fixed:0\": fixed:N needs a whole number N >= 1");
   CHECK_INVALID(parse_output_lengths("fixed:2.5"), "fixed:N needs a whole number");
   CHECK_INVALID(parse_output_lengths("fixed:"), "fixed:N needs a whole number");
   CHECK_INVALID(parse_output_lengths("geometric:0.5"), "geometric:MEAN needs a number MEAN >= 1");

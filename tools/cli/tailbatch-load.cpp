@@ -1000,7 +1000,8 @@ int main(int argc, char** argv) {
         "tailbatch-load: error: --steps: empty; give RATE:SECONDS phases, as in 100:5,400:3\n");
     return 1;
   }
-  if (o.warmup_s >= o.duration_s && (*rate || *sweep || *mix)) {
+  if (o.warmup_s >= o.duration_s && (*rate || *sweep || *mix) &&
+      !(o.simulate && o.model == "generator")) {  // the generation simulator has no warm-up
     fmt::print(stderr,
                "tailbatch-load: error: --warmup ({} s) must be shorter than --duration ({} s)\n",
                o.warmup_s, o.duration_s);

@@ -41,8 +41,6 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <vector>
-
 #include <tailbatch/clock.hpp>
 #include <tailbatch/continuous_batcher.hpp>
 #include <tailbatch/detail/throw.hpp>
@@ -50,6 +48,7 @@
 #include <tailbatch/submit_options.hpp>
 #include <tailbatch/token_streamer.hpp>
 #include <tailbatch/tools/load_profile.hpp>
+#include <vector>
 
 namespace tailbatch::tools {
 
@@ -95,14 +94,17 @@ class OutputLengthDistribution {
 
   // Every output n tokens. Throws std::invalid_argument unless n >= 1.
   [[nodiscard]] static OutputLengthDistribution fixed(std::size_t n) {
-    if (n < 1) tailbatch::detail::throw_invalid_argument("OutputLengthDistribution: fixed length must be >= 1");
+    if (n < 1)
+      tailbatch::detail::throw_invalid_argument(
+          "OutputLengthDistribution: fixed length must be >= 1");
     return OutputLengthDistribution(Kind::fixed, static_cast<double>(n));
   }
   // Geometric lengths of the given mean. Throws std::invalid_argument unless mean is finite
   // and >= 1.
   [[nodiscard]] static OutputLengthDistribution geometric(double mean) {
     if (!(std::isfinite(mean) && mean >= 1.0))
-      tailbatch::detail::throw_invalid_argument("OutputLengthDistribution: geometric mean must be >= 1");
+      tailbatch::detail::throw_invalid_argument(
+          "OutputLengthDistribution: geometric mean must be >= 1");
     return OutputLengthDistribution(Kind::geometric, mean);
   }
 
@@ -149,20 +151,23 @@ class OutputLengthDistribution {
   const std::string quoted = "\"" + std::string(text) + "\"";
   const auto colon = text.find(':');
   const std::string_view kind = text.substr(0, colon);
-  const std::string_view value = colon == std::string_view::npos ? std::string_view() : text.substr(colon + 1);
+  const std::string_view value =
+      colon == std::string_view::npos ? std::string_view() : text.substr(colon + 1);
   double v = 0;
   if (kind == "fixed") {
     if (!detail::gensim_parse_number(value, v) || v < 1 || v > 1e9 || v != std::floor(v))
-      tailbatch::detail::throw_invalid_argument(quoted + ": fixed:N needs a whole number N >= 1 (the output length)");
+      tailbatch::detail::throw_invalid_argument(
+          quoted + ": fixed:N needs a whole number N >= 1 (the output length)");
     return OutputLengthDistribution::fixed(static_cast<std::size_t>(v));
   }
   if (kind == "geometric") {
     if (!detail::gensim_parse_number(value, v) || v < 1 || v > 1e9)
-      tailbatch::detail::throw_invalid_argument(quoted + ": geometric:MEAN needs a number MEAN >= 1 (the mean length)");
+      tailbatch::detail::throw_invalid_argument(
+          quoted + ": geometric:MEAN needs a number MEAN >= 1 (the mean length)");
     return OutputLengthDistribution::geometric(v);
   }
-  tailbatch::detail::throw_invalid_argument(quoted +
-                                            ": expected fixed:N or geometric:MEAN, as in fixed:128 or geometric:128");
+  tailbatch::detail::throw_invalid_argument(
+      quoted + ": expected fixed:N or geometric:MEAN, as in fixed:128 or geometric:128");
 }
 
 // What each request asks for. A plain aggregate; simulate_generation() validates it.
@@ -231,9 +236,9 @@ struct GenerationSimResult {
   std::uint64_t errors = 0;    // ended otherwise (rejected: queue_full, too_large)
   std::uint64_t tokens = 0;    // emitted
   std::uint64_t steps = 0;
-  double offered_rps = 0.0;    // requests / the profile's duration
-  double achieved_rps = 0.0;   // ok / makespan
-  double tokens_per_s = 0.0;   // tokens / makespan
+  double offered_rps = 0.0;   // requests / the profile's duration
+  double achieved_rps = 0.0;  // ok / makespan
+  double tokens_per_s = 0.0;  // tokens / makespan
   // From the profile's start to the last sequence's end.
   std::chrono::nanoseconds makespan{0};
   std::chrono::nanoseconds ttft_p50{0}, ttft_p95{0}, ttft_p99{0};
@@ -244,8 +249,8 @@ struct GenerationSimResult {
   std::uint64_t prefill_tokens = 0;     // prefill tokens the steps computed (recompute included)
   double prefix_hit_rate = 0.0;         // prompt tokens found cached / looked up
   double mean_sequences_per_step = 0.0;
-  double mean_output_tokens = 0.0;      // tokens / ok
-  KvBlockPoolStats kv{};                // the pool at the end
+  double mean_output_tokens = 0.0;  // tokens / ok
+  KvBlockPoolStats kv{};            // the pool at the end
 };
 
 // Runs the simulation: every arrival of the profile, then until every sequence has ended.
@@ -259,14 +264,18 @@ struct GenerationSimResult {
     tailbatch::detail::throw_invalid_argument(
         "GenerationSimConfig: workload.prompt_tokens + workload.shared_prefix_tokens must be >= 1");
   if (w.max_tokens < 1)
-    tailbatch::detail::throw_invalid_argument("GenerationSimConfig: workload.max_tokens must be >= 1");
+    tailbatch::detail::throw_invalid_argument(
+        "GenerationSimConfig: workload.max_tokens must be >= 1");
   if (w.vocab_size < 2)
-    tailbatch::detail::throw_invalid_argument("GenerationSimConfig: workload.vocab_size must be >= 2");
-  if (config.cost.base < nanoseconds::zero() || config.cost.per_prefill_token < nanoseconds::zero() ||
+    tailbatch::detail::throw_invalid_argument(
+        "GenerationSimConfig: workload.vocab_size must be >= 2");
+  if (config.cost.base < nanoseconds::zero() ||
+      config.cost.per_prefill_token < nanoseconds::zero() ||
       config.cost.per_sequence < nanoseconds::zero())
     tailbatch::detail::throw_invalid_argument("GenerationSimConfig: cost fields must be >= 0");
   if (config.cost(1, 1) <= nanoseconds::zero())
-    tailbatch::detail::throw_invalid_argument("GenerationSimConfig: cost must make a step take time");
+    tailbatch::detail::throw_invalid_argument(
+        "GenerationSimConfig: cost must make a step take time");
 
   // The modelled engine keeps each sequence's real output length.
   struct Length {
@@ -288,7 +297,8 @@ struct GenerationSimResult {
   bc.prefill_chunk = config.prefill_chunk;
   bc.kv = config.kv;
   bc.workers = 0;
-  const std::int32_t vocab = static_cast<std::int32_t>(std::min<std::uint32_t>(w.vocab_size, 1u << 30));
+  const std::int32_t vocab =
+      static_cast<std::int32_t>(std::min<std::uint32_t>(w.vocab_size, 1u << 30));
   Batcher batcher(
       [&](std::span<Seq> batch) {
         std::size_t prefill = 0, emitting = 0;
@@ -302,8 +312,8 @@ struct GenerationSimResult {
         for (Seq& s : batch) {
           if (!s.emits()) continue;
           // A token of its own: generated blocks committed for reuse never match another's.
-          const auto token = static_cast<std::int32_t>(1 + (s.id() * 7919 + s.generated()) %
-                                                               static_cast<std::uint64_t>(vocab - 1));
+          const auto token = static_cast<std::int32_t>(
+              1 + (s.id() * 7919 + s.generated()) % static_cast<std::uint64_t>(vocab - 1));
           (void)s.emit(token);
           if (s.generated() >= s.state().tokens) s.finish();
         }
@@ -312,7 +322,8 @@ struct GenerationSimResult {
 
   std::uint64_t content = w.seed ^ 0x5DEECE66Dull;  // prompts and output lengths
   auto random_token = [&] {
-    return static_cast<std::int32_t>(1 + detail::gensim_next(content) % static_cast<std::uint64_t>(vocab - 1));
+    return static_cast<std::int32_t>(1 + detail::gensim_next(content) %
+                                             static_cast<std::uint64_t>(vocab - 1));
   };
   std::vector<std::int32_t> prefix(w.shared_prefix_tokens);
   for (auto& t : prefix) t = random_token();
