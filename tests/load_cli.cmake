@@ -130,3 +130,25 @@ add_test(NAME cli_load_record_replay
          COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:tailbatch-load> -DWORK=${CMAKE_CURRENT_BINARY_DIR}
                  -P ${CMAKE_CURRENT_BINARY_DIR}/load_cli_record_replay.cmake)
 set_tests_properties(cli_load_record_replay PROPERTIES LABELS cli TIMEOUT 120)
+
+# ---- --model generator: the generation simulator and its workload flags -------------------
+tailbatch_load_cli_test(load_gen_output_len_bad RC 1 ARGS --simulate --model generator --rate 10 --output-len geometric:0
+  EXPECT "--output-len: \"geometric:0\": geometric:MEAN needs a number MEAN >= 1")
+tailbatch_load_cli_test(load_gen_output_len_unknown RC 1 ARGS --simulate --model generator --rate 10 --output-len uniform:5
+  EXPECT "expected fixed:N or geometric:MEAN")
+tailbatch_load_cli_test(load_gen_max_tokens_zero RC 1 ARGS --simulate --model generator --rate 10 --max-tokens 0
+  EXPECT "--max-tokens: must be in \\[1, 1048576\\], got 0")
+tailbatch_load_cli_test(load_gen_needs_simulate RC 1 ARGS --model generator --rate 10
+  EXPECT "--model generator is simulated: add --simulate")
+tailbatch_load_cli_test(load_gen_flag_needs_generator RC 1 ARGS --simulate --rate 10 --shared-prefix 100
+  EXPECT "--shared-prefix shapes a generation workload")
+tailbatch_load_cli_test(load_gen_kv_flag_needs_generator RC 1 ARGS --simulate --rate 10 --kv-blocks 64
+  EXPECT "--kv-blocks configures the simulated generator")
+tailbatch_load_cli_test(load_gen_reserve_too_large RC 1
+  ARGS --simulate --model generator --rate 10 --kv-mode reserve --kv-blocks 8 --max-tokens 512
+  EXPECT "need 36 blocks of 16, more than --kv-blocks 8: every request would be rejected too_large")
+tailbatch_load_cli_test(load_gen_watermark RC 1 ARGS --simulate --model generator --rate 10 --kv-blocks 8 --kv-watermark 8
+  EXPECT "--kv-watermark \\(8\\) must be less than --kv-blocks \\(8\\)")
+tailbatch_load_cli_test(load_json_gen_simulate RC 0
+  ARGS --simulate --model generator --kv-blocks 192 --output-len geometric:128 --shared-prefix 32 --rate 50 --duration 2 --json
+  EXPECT "^{\"mode\": \"simulate\", \"model\": \"generator\", \"kv_mode\": \"grow\", \"prefix_caching\": true, \"offered_rps\": [0-9.]+, \"requests\": [0-9]+, \"achieved_rps\": [0-9.]+, \"tokens_per_s\": [0-9.]+, \"ttft_p50_ms\": [0-9.]+, \"ttft_p95_ms\": [0-9.]+, \"ttft_p99_ms\": [0-9.]+, \"e2e_p50_ms\": [0-9.]+, \"e2e_p95_ms\": [0-9.]+, \"e2e_p99_ms\": [0-9.]+, \"preemptions\": [0-9]+, \"recomputed_tokens\": [0-9]+, \"prompt_tokens\": [0-9]+, \"prefill_tokens\": [0-9]+, \"prefix_hit_rate\": [0-9.]+, \"mean_batch\": [0-9.]+, \"mean_output_tokens\": [0-9.]+, \"errors\": 0, \"meets_slo\": (true|false)}\n$")

@@ -448,6 +448,10 @@ struct HttpCli {
   std::size_t connections = 64;
   double timeout_s = 10.0;
   bool allow_remote = false;
+  // Bodies drawn from tailbatch-load's generation workload flags (--output-len,
+  // --prompt-len, --shared-prefix, --max-tokens: generation_load.hpp), one per request,
+  // cycled; instead of --body / --body-file.
+  std::vector<std::string> generated_bodies;
 };
 
 // The flags shared with the in-process mode, as tailbatch-load parsed them.
@@ -606,6 +610,15 @@ inline std::string http_table_row(double offered, const HttpCounts& c, std::opti
 // Reads --body / --body-file into the bodies to cycle. Throws std::invalid_argument naming
 // the flag when the file cannot be read or is empty. Allocates. Thread-safe.
 [[nodiscard]] inline std::vector<std::string> load_bodies(const HttpCli& h) {
+  if (!h.generated_bodies.empty()) {
+    if (!h.body.empty() || !h.body_file.empty())
+      throw std::invalid_argument(
+          "--body/--body-file and the generation workload flags (--output-len, --prompt-len, --shared-prefix, "
+          "--max-tokens) both make the bodies: give one or the other");
+    if (h.method != "POST")
+      throw std::invalid_argument("the generation workload flags send /v1/completions bodies: add --method POST");
+    return h.generated_bodies;
+  }
   std::vector<std::string> bodies;
   if (!h.body.empty()) bodies.push_back(h.body);
   if (!h.body_file.empty()) {

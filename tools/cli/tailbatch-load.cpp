@@ -13,6 +13,9 @@
 //   tailbatch-load --simulate --policy adaptive --slo-p95-ms 150 --max-batch 64 --rate 450
 //                                                              the SLO-aimed AdaptiveWindow
 //   tailbatch-load --simulate --policy best-static --rate 450   the best FixedWindow of a grid
+//   tailbatch-load --simulate --model generator --kv-blocks 192 --output-len geometric:128
+//       --max-tokens 512 --sweep 100,200,300                   continuous batching with a KV
+//                                                              cache, simulated (generation_load.hpp)
 //
 // Policies: fixed (FixedWindow(--max-batch, --window-ms)), adaptive (AdaptiveWindow with
 // --slo-p95-ms as its target and --max-batch as its hard cap), best-static (simulation
@@ -37,6 +40,7 @@
 #include <tailbatch/tenants.hpp>
 
 #include "tenant_mix.hpp"  // --tenant-mix
+#include "generation_load.hpp"  // --model generator, --output-len, --shared-prefix, --kv-*
 #ifdef TAILBATCH_LOAD_HTTP
 #include "http_load.hpp"  // --url: HTTP load (Boost.Beast/Asio)
 #endif
@@ -733,6 +737,62 @@ int run(const Options& o, PipelineT& pipeline, tailbatch::TraceRecorder* recorde
   return 0;
 }
 
+// --model generator and the generation workload flags: what is wrong with them for this run
+// ("" when nothing).
+std::string generation_check(const Options& o, const tailbatch_load::GenerationCli& gen, bool url,
+                             bool mix_replay_or_record) {
+  const bool generator = o.model == "generator";
+  if (generator && !o.simulate && !url)
+    return "--model generator is simulated: add --simulate (or load tailbatch-serve's "
+           "/v1/completions with --url and --output-len, --prompt-len, --shared-prefix)";
+  if (generator && o.simulate && mix_replay_or_record)
+    return "--model generator: --tenant-mix, --replay and --record are not supported with it";
+  return tailbatch_load::generation_flags_error(gen, generator && o.simulate, url);
+}
+
+// Whether --url was given (false in a build without the HTTP mode).
+bool http_url_given([[maybe_unused]] const CLI::App& app) {
+#ifdef TAILBATCH_LOAD_HTTP
+  return app.get_option("--url")->count() > 0;
+#else
+  return false;
+#endif
+}
+
+// The arrivals a run is expected to send: the profile's mean count with room for Poisson
+// spread (the --url bodies to draw; they are cycled past it).
+std::size_t expected_requests(const Options& o) {
+  const auto process = o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant
+                                                : tailbatch::ArrivalProcess::poisson;
+  double n = 0;
+  if (!o.steps.empty()) {
+    const auto p = parse_steps(o.steps, process);
+    n = p.expected_arrivals(nanoseconds(0), p.duration());
+  } else {
+    for (const double r : o.sweep.empty() ? std::vector<double>{o.rate} : o.sweep)
+      n = std::max(n, r * o.duration_s);
+  }
+  return static_cast<std::size_t>(std::clamp(n * 1.1 + 16.0, 16.0, 20000.0));
+}
+
+// --simulate --model generator: a sweep's rates, or one run (--rate, --steps).
+int run_generation(const Options& o, const tailbatch_load::GenerationCli& gen) {
+  const auto process = o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant
+                                                : tailbatch::ArrivalProcess::poisson;
+  std::vector<tailbatch::LoadProfile> profiles;
+  if (!o.sweep.empty()) {
+    std::vector<double> rates = o.sweep;
+    std::sort(rates.begin(), rates.end());
+    for (const double r : rates)
+      profiles.push_back(tailbatch::LoadProfile::steady(process, r, from_s(o.duration_s)));
+  } else if (!o.steps.empty()) {
+    profiles.push_back(parse_steps(o.steps, process));
+  } else {
+    profiles.push_back(tailbatch::LoadProfile::steady(process, o.rate, from_s(o.duration_s)));
+  }
+  return tailbatch_load::run_generation_simulated(gen, profiles, o.seed, o.slo_p95_ms, o.json);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -801,9 +861,10 @@ int main(int argc, char** argv) {
       "predict instead of measuring: the same Pipeline and window, simulated on a modelled clock");
   app.add_option("--model", o.model,
                  "live model: sleep (L(b) from --base-ms, --per-item-ms) or classifier (the "
-                 "reference classifier, real CPU work)")
+                 "reference classifier, real CPU work); with --simulate, generator: continuous "
+                 "batching of generation with a KV cache (--kv-*, --output-len, --shared-prefix)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"sleep", "classifier"}));
+      ->check(CLI::IsMember({"sleep", "classifier", "generator"}));
   auto* record =
       app.add_option("--record", o.record,
                      "live --rate or --steps run: write its trace (requests and batches) to FILE");
@@ -845,6 +906,8 @@ int main(int argc, char** argv) {
                  "--simulate")
       ->capture_default_str()
       ->check(non_negative);
+  tailbatch_load::GenerationCli gen;  // --model generator and the generation workload flags
+  tailbatch_load::add_generation_options(app, gen);
   rate->excludes(sweep)->excludes(steps);
   sweep->excludes(steps);
   mix->excludes(rate)->excludes(sweep)->excludes(steps);
@@ -880,6 +943,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
     return code == 0 ? 0 : 1;
+  }
+  if (const std::string why = generation_check(o, gen, http_url_given(app), *mix || *replay || *record);
+      !why.empty()) {
+    fmt::print(stderr, "tailbatch-load: error: {}\n", why);
+    return 1;
   }
   if (*replay && !o.simulate) {
     fmt::print(stderr, "tailbatch-load: error: --replay runs the simulator: add --simulate\n");
@@ -932,7 +1000,8 @@ int main(int argc, char** argv) {
         "tailbatch-load: error: --steps: empty; give RATE:SECONDS phases, as in 100:5,400:3\n");
     return 1;
   }
-  if (o.warmup_s >= o.duration_s && (*rate || *sweep || *mix)) {
+  if (o.warmup_s >= o.duration_s && (*rate || *sweep || *mix) &&
+      !(o.simulate && o.model == "generator")) {  // the generation simulator has no warm-up
     fmt::print(stderr,
                "tailbatch-load: error: --warmup ({} s) must be shorter than --duration ({} s)\n",
                o.warmup_s, o.duration_s);
@@ -953,9 +1022,12 @@ int main(int argc, char** argv) {
         c.steps =
             parse_steps(o.steps, o.arrivals == "constant" ? tailbatch::ArrivalProcess::constant
                                                           : tailbatch::ArrivalProcess::poisson);
+      if (gen.workload_given())
+        http.generated_bodies = tailbatch_load::completion_bodies(gen, o.seed, expected_requests(o));
       return tailbatch_load_http::run_http(http, c);
     }
 #endif
+    if (o.simulate && o.model == "generator") return run_generation(o, gen);
     if (o.simulate) return run_simulated(o);
     const tailbatch::LinearCost cost{from_ms(o.base_ms), from_ms(o.per_item_ms)};
     // --model classifier: the reference classifier on the reviews of a fixed corpus.
