@@ -14,11 +14,11 @@
 using namespace std::chrono_literals;
 using tailbatch::KvMode;
 using tailbatch::LoadProfile;
-using tailbatch::tools::GenerationSimConfig;
-using tailbatch::tools::GenerationSimResult;
-using tailbatch::tools::OutputLengthDistribution;
-using tailbatch::tools::parse_output_lengths;
-using tailbatch::tools::simulate_generation;
+using tailbatch::GenerationSimConfig;
+using tailbatch::GenerationSimResult;
+using tailbatch::OutputLengthDistribution;
+using tailbatch::parse_output_lengths;
+using tailbatch::simulate_generation;
 
 namespace {
 

@@ -1,5 +1,5 @@
 // tailbatch-load's generation workloads: output-length distributions and shared-prefix
-// prompts, simulated (--simulate --model generator: tailbatch::tools::simulate_generation,
+// prompts, simulated (--simulate --model generator: tailbatch::simulate_generation,
 // a ContinuousBatcher with a KV block pool on a modelled clock) or sent to tailbatch-serve's
 // /v1/completions (--url: one body per request, max_tokens drawn from the distribution,
 // the prompt the shared prefix followed by words of its own).
@@ -63,7 +63,7 @@ inline void add_generation_options(CLI::App& app, GenerationCli& g) {
   const CLI::Validator lengths(
       [](std::string& text) -> std::string {
         try {
-          (void)tailbatch::tools::parse_output_lengths(text);
+          (void)tailbatch::parse_output_lengths(text);
         } catch (const std::invalid_argument& e) {
           return e.what();
         }
@@ -170,14 +170,14 @@ inline void add_generation_options(CLI::App& app, GenerationCli& g) {
 
 // The simulator's configuration from the flags (workload arrivals and seed left to the
 // caller).
-[[nodiscard]] inline tailbatch::tools::GenerationSimConfig generation_config(
+[[nodiscard]] inline tailbatch::GenerationSimConfig generation_config(
     const GenerationCli& g) {
   using namespace std::chrono;
-  tailbatch::tools::GenerationSimConfig c;
+  tailbatch::GenerationSimConfig c;
   c.workload.prompt_tokens = g.prompt_len;
   c.workload.shared_prefix_tokens = g.shared_prefix;
   c.workload.max_tokens = g.max_tokens;
-  c.workload.output_lengths = tailbatch::tools::parse_output_lengths(g.output_len);
+  c.workload.output_lengths = tailbatch::parse_output_lengths(g.output_len);
   c.max_active = g.max_active;
   c.kv.mode = g.kv_mode == "reserve" ? tailbatch::KvMode::reserve : tailbatch::KvMode::grow;
   c.kv.block_size = g.kv_block_size;
@@ -241,7 +241,7 @@ inline void add_generation_options(CLI::App& app, GenerationCli& g) {
 [[nodiscard]] inline std::vector<std::string> completion_bodies(const GenerationCli& g,
                                                                 std::uint64_t seed,
                                                                 std::size_t count) {
-  const auto lengths = tailbatch::tools::parse_output_lengths(g.output_len);
+  const auto lengths = tailbatch::parse_output_lengths(g.output_len);
   std::uint64_t state = seed ^ 0xC0FFEEull;
   std::string prefix;
   for (std::size_t i = 0; i < g.shared_prefix; ++i) prefix += prompt_word(state) + " ";
@@ -262,7 +262,7 @@ inline void add_generation_options(CLI::App& app, GenerationCli& g) {
 
 // One simulated generation run, as a --json line.
 [[nodiscard]] inline std::string generation_json(const GenerationCli& g,
-                                                 const tailbatch::tools::GenerationSimResult& r,
+                                                 const tailbatch::GenerationSimResult& r,
                                                  bool meets_slo) {
   auto ms = [](std::chrono::nanoseconds d) {
     return std::chrono::duration<double, std::milli>(d).count();
@@ -296,7 +296,7 @@ inline void add_generation_options(CLI::App& app, GenerationCli& g) {
   auto ms = [](std::chrono::nanoseconds d) {
     return std::chrono::duration<double, std::milli>(d).count();
   };
-  tailbatch::tools::GenerationSimConfig c = generation_config(g);
+  tailbatch::GenerationSimConfig c = generation_config(g);
   c.workload.seed = seed;
   if (!json) {
     fmt::print(
@@ -315,7 +315,7 @@ inline void add_generation_options(CLI::App& app, GenerationCli& g) {
   std::optional<std::pair<double, double>> best;  // offered rps, tokens/s
   for (const auto& profile : profiles) {
     c.workload.arrivals = profile;
-    const auto r = tailbatch::tools::simulate_generation(c);
+    const auto r = tailbatch::simulate_generation(c);
     const bool meets = ms(r.ttft_p95) <= slo_ttft_p95_ms && r.errors == 0;
     if (meets && (!best || r.offered_rps > best->first))
       best.emplace(r.offered_rps, r.tokens_per_s);

@@ -50,9 +50,9 @@
 #include <tailbatch/tools/load_profile.hpp>
 #include <vector>
 
-namespace tailbatch::tools {
+namespace tailbatch {
 
-namespace detail {
+namespace tools::detail {
 
 // splitmix64: the simulator's own stream for prompts and output lengths, identical on
 // every standard library.
@@ -81,7 +81,7 @@ namespace detail {
   return used == s.size() && std::isfinite(out);
 }
 
-}  // namespace detail
+}  // namespace tools::detail
 
 // How long real outputs run, before max_tokens caps them. A value type; thread-safe to
 // share.
@@ -126,7 +126,7 @@ class OutputLengthDistribution {
     if (mean_ <= 1.0) return 1;
     const double p = 1.0 / mean_;
     // Inversion: 1 + floor(ln U / ln(1 - p)) is geometric on {1, 2, ...}.
-    const double k = std::floor(std::log(detail::gensim_uniform(state)) / std::log1p(-p));
+    const double k = std::floor(std::log(tools::detail::gensim_uniform(state)) / std::log1p(-p));
     if (!(k < 1e15)) return static_cast<std::size_t>(1e15);
     return 1 + static_cast<std::size_t>(k);
   }
@@ -155,13 +155,13 @@ class OutputLengthDistribution {
       colon == std::string_view::npos ? std::string_view() : text.substr(colon + 1);
   double v = 0;
   if (kind == "fixed") {
-    if (!detail::gensim_parse_number(value, v) || v < 1 || v > 1e9 || v != std::floor(v))
+    if (!tools::detail::gensim_parse_number(value, v) || v < 1 || v > 1e9 || v != std::floor(v))
       tailbatch::detail::throw_invalid_argument(
           quoted + ": fixed:N needs a whole number N >= 1 (the output length)");
     return OutputLengthDistribution::fixed(static_cast<std::size_t>(v));
   }
   if (kind == "geometric") {
-    if (!detail::gensim_parse_number(value, v) || v < 1 || v > 1e9)
+    if (!tools::detail::gensim_parse_number(value, v) || v < 1 || v > 1e9)
       tailbatch::detail::throw_invalid_argument(
           quoted + ": geometric:MEAN needs a number MEAN >= 1 (the mean length)");
     return OutputLengthDistribution::geometric(v);
@@ -322,7 +322,7 @@ struct GenerationSimResult {
 
   std::uint64_t content = w.seed ^ 0x5DEECE66Dull;  // prompts and output lengths
   auto random_token = [&] {
-    return static_cast<std::int32_t>(1 + detail::gensim_next(content) %
+    return static_cast<std::int32_t>(1 + tools::detail::gensim_next(content) %
                                              static_cast<std::uint64_t>(vocab - 1));
   };
   std::vector<std::int32_t> prefix(w.shared_prefix_tokens);
@@ -418,4 +418,4 @@ struct GenerationSimResult {
   return r;
 }
 
-}  // namespace tailbatch::tools
+}  // namespace tailbatch
