@@ -382,31 +382,29 @@ TEST_CASE("LanePacing: full batches on two lanes that started together are sprea
   // Two full batches of 60 ms, 10 ms apart; nothing learned yet: no hold.
   CHECK(pacing.not_before(0, t, true) == t);
   pacing.started(0, t, true);
-  pacing.starved();
   CHECK(pacing.not_before(1, t + 10ms, true) == t + 10ms);
   pacing.started(1, t + 10ms, true);
-  // Lane 0 frees at 60 ms while the leader waits: a lane's cycle is 60 ms, so starts
+  // Lane 0 gets a full batch at 60 ms after one at 0: a lane's cycle is 60 ms, so starts
   // should be 30 ms apart; the last start was 50 ms ago: it starts at once.
-  pacing.starved();
   CHECK(pacing.not_before(0, t + 60ms, true) == t + 60ms);
   CHECK(pacing.cycle() == 60ms);
   pacing.started(0, t + 60ms, true);
   // Lane 1 frees at 70 ms, 10 ms after that start: it waits until 60 + 30 = 90 ms.
-  pacing.starved();
   CHECK(pacing.not_before(1, t + 70ms, true) == t + 90ms);
   // Asked again at 90 ms (not a fresh observation: the cycle stays), it starts.
   CHECK(pacing.not_before(1, t + 90ms, true) == t + 90ms);
   CHECK(pacing.cycle() == 60ms);
   pacing.started(1, t + 90ms, true);
   // From now on the lanes free 30 ms apart: no more holds.
-  pacing.starved();
   CHECK(pacing.not_before(0, t + 120ms, true) == t + 120ms);
   pacing.started(0, t + 120ms, true);
-  pacing.starved();
   CHECK(pacing.not_before(1, t + 150ms, true) == t + 150ms);
   pacing.started(1, t + 150ms, true);
+  // A lane that idled (a sample over twice the cycle) teaches nothing.
+  CHECK(pacing.not_before(0, t + 400ms, true) == t + 400ms);
+  CHECK(pacing.cycle() == 60ms);
   // A batch that is not full (no backlog) is never held.
-  CHECK(pacing.not_before(0, t + 151ms, false) == t + 151ms);
+  CHECK(pacing.not_before(1, t + 401ms, false) == t + 401ms);
 }
 
 #include <tailbatch/tools/simulator.hpp>

@@ -309,10 +309,7 @@ class BatchFormer {
   // starts spread: then round becomes that wait. Never when closing, nor past the earliest
   // deadline of the batch's requests. Never throws. Not thread-safe: the leader's.
   [[nodiscard]] bool start_now(Round& round, BatchTime now, std::size_t lane, bool closing) noexcept {
-    if (lane == npos) {
-      pacing_.starved();
-      return false;
-    }
+    if (lane == npos) return false;
     if (!pacing_.enabled()) return true;
     const BatchTime at = pacing_.not_before(lane, now, full_batch(round.decision));
     if (at <= now || closing || earliest_deadline(round) < at) return true;

@@ -10,11 +10,11 @@
 // Spreading costs one hold of at most batch time / L per lane when a backlog begins, and
 // nothing while it lasts (each lane still starts a full batch as soon as its turn comes).
 //
-// How: each lane's batch-to-batch time is observed when the leader, having waited for a
-// lane (every slot busy), gets that lane back: the time since the lane's last full batch
-// started. Its average over the lanes (a moving average) divided by the lane count is the
-// spacing; a full batch (closed by size or token budget) may start no sooner than that
-// spacing after the previous start on any lane. Lanes with more than one slot, or one
+// How: each lane's batch-to-batch time is observed when a full batch is due and the lane
+// it gets last started a full batch too (a backlog both times): the time since that start.
+// Its moving average over the lanes divided by the lane count is the spacing; a full
+// batch (closed by size or token budget) may start no sooner than that spacing after the
+// previous start on any lane. Lanes with more than one slot, or one
 // lane, are not paced. Time is only what the caller passes in: tested on the manual clock.
 //
 // Not thread-safe: the Pipeline's batch leader owns it.
@@ -46,21 +46,24 @@ class LanePacing {
   }
   [[nodiscard]] bool enabled() const noexcept { return !lanes_.empty(); }
 
-  // A batch was due at `now` and every lane slot was busy.
-  void starved() noexcept { starved_ = true; }
-
-  // The leader holds lane `lane` at `now` (a due batch of `full` size waits for it): the
-  // earliest time that batch should start (now, or later to keep the starts spread).
-  // Never throws.
+  // The leader holds lane `lane` at `now` for a due batch (`full`: closed by size or token
+  // budget): the earliest time that batch should start (now, or later to keep the starts
+  // spread). Never throws.
   [[nodiscard]] BatchTime not_before(std::size_t lane, BatchTime now, bool full) noexcept {
     if (lane >= lanes_.size()) return now;
     Lane& l = lanes_[lane];
-    if (starved_ && l.full && now > l.started) {
-      // The lane freed while the leader waited for one: its batch-to-batch time.
+    if (full && l.full && !l.sampled && now > l.started) {
+      l.sampled = true;  // once per batch: asking again after a hold would count the hold
+      // A full batch then and a full one due now: a backlog both times, so the lane was
+      // busy (or had just freed) in between: its batch-to-batch time. A sample over twice
+      // the average is a lane that idled meanwhile, not a cycle: ignored.
       const double seen = static_cast<double>((now - l.started).count());
-      cycle_ = cycle_ <= 0.0 ? seen : cycle_ + (seen - cycle_) / 4.0;
+      if (cycle_ <= 0.0) {
+        cycle_ = seen;
+      } else if (seen <= 2.0 * cycle_) {
+        cycle_ += (seen - cycle_) / 4.0;
+      }
     }
-    starved_ = false;
     if (!full || cycle_ <= 0.0 || last_ == BatchTime{}) return now;
     const auto spacing =
         BatchDuration(static_cast<BatchDuration::rep>(cycle_ / static_cast<double>(lanes_.size())));
@@ -69,9 +72,8 @@ class LanePacing {
 
   // A batch (`full` or not) started on lane `lane` at `now`. Never throws.
   void started(std::size_t lane, BatchTime now, bool full) noexcept {
-    starved_ = false;
     if (lane >= lanes_.size()) return;
-    lanes_[lane] = Lane{now, full};
+    lanes_[lane] = Lane{now, full, false};
     last_ = std::max(last_, now);
   }
 
@@ -84,11 +86,11 @@ class LanePacing {
   struct Lane {
     BatchTime started{};
     bool full = false;
+    bool sampled = false;  // its batch-to-batch time seen since it started
   };
   std::vector<Lane> lanes_;
   double cycle_ = 0.0;  // ns
   BatchTime last_{};    // the latest start on any lane
-  bool starved_ = false;
 };
 
 // Whether a batch closed this way is full (by size or token budget): one a backlog formed.
