@@ -179,8 +179,9 @@ TEST_CASE("adaptive LIFO: FIFO while no queue has formed, newest first once one 
   for (int i = 1; i <= 10; ++i) CHECK(run.once(i));
 }
 
-TEST_CASE("CodelState: a whole interval's minimum wait above target sheds what waited past 2 x target",
-          "[queue_policy][codel]") {
+TEST_CASE(
+    "CodelState: a whole interval's minimum wait above target sheds what waited past 2 x target",
+    "[queue_policy][codel]") {
   const BatchTime t = ManualClock::start();
   detail::CodelState c(5ms, 100ms);
   // The first interval (t .. t+100 ms) decides nothing: not yet overloaded.

@@ -484,9 +484,9 @@ TEST_CASE("ContinuousBatcher per-tenant metrics: top tenants by traffic plus `ot
         std::string::npos);
   CHECK(text.find("tailbatch_generation_tenant_sequences_total{status=\"ok\",tenant=\"t2\"} 3") !=
         std::string::npos);
-  CHECK(text.find(
-            "tailbatch_generation_tenant_sequences_total{status=\"ok\",tenant=\"other\"} 3") !=
-        std::string::npos);
+  CHECK(
+      text.find("tailbatch_generation_tenant_sequences_total{status=\"ok\",tenant=\"other\"} 3") !=
+      std::string::npos);
   CHECK(text.find("tailbatch_generation_tenant_sequences_total{status=\"rejected\",tenant="
                   "\"other\"} 1") != std::string::npos);
   CHECK(text.find("tenant=\"t3\"") == std::string::npos);

@@ -100,8 +100,8 @@ class BatchFormer {
   // to it). Call before anything is staged. May allocate (std::bad_alloc).
   // paced_lanes: one-slot lanes whose batches' starts lane staggering spreads
   // (QueuePolicyConfig::stagger; 0: lanes of several slots, never paced).
-  void configure(const TenantsConfig& tenants, const QueuePolicyConfig& queue,
-                 std::size_t capacity, std::size_t paced_lanes = 0) {
+  void configure(const TenantsConfig& tenants, const QueuePolicyConfig& queue, std::size_t capacity,
+                 std::size_t paced_lanes = 0) {
     pacing_.configure(staggers(queue, tenants), paced_lanes);
     fair_ = tenants.scheduling == Scheduling::fair;
     if (fair_) {
@@ -308,12 +308,14 @@ class BatchFormer {
   // slot busy, so no). With staggered lanes a full batch may wait on its lane to keep the
   // starts spread: then round becomes that wait. Never when closing, nor past the earliest
   // deadline of the batch's requests. Never throws. Not thread-safe: the leader's.
-  [[nodiscard]] bool start_now(Round& round, BatchTime now, std::size_t lane, bool closing) noexcept {
+  [[nodiscard]] bool start_now(Round& round, BatchTime now, std::size_t lane,
+                               bool closing) noexcept {
     if (lane == npos) return false;
     if (!pacing_.enabled()) return true;
     const BatchTime at = pacing_.not_before(lane, now, full_batch(round.decision));
     if (at <= now || closing || earliest_deadline(round) < at) return true;
-    round = Round{npos, {}, BatchDecision::wait(at, npos), std::numeric_limits<std::uint32_t>::max()};
+    round =
+        Round{npos, {}, BatchDecision::wait(at, npos), std::numeric_limits<std::uint32_t>::max()};
     return false;
   }
 

@@ -207,9 +207,9 @@ struct PipelineGaugeSources {
             base, {{"status", std::string(to_string(s))}, {"reason", std::string(to_string(rr))}}));
   }
   if (src.tenants != nullptr && src.tenants->enabled() && src.tenants->metric_tenants > 0) {
-    m->tenants = std::make_unique<TenantSeries>(r, base, "tailbatch_pipeline", "requests",
-                                                src.tenants->metric_tenants,
-                                                src.tenants->tenant_name);
+    m->tenants =
+        std::make_unique<TenantSeries>(r, base, "tailbatch_pipeline", "requests",
+                                       src.tenants->metric_tenants, src.tenants->tenant_name);
   }
   m->callback_exceptions = &r.counter("tailbatch_pipeline_callback_exceptions_total",
                                       "Completion callbacks that threw (caught and dropped)", base);
