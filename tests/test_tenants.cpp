@@ -448,3 +448,69 @@ TEST_CASE("Per-tenant metrics: the busiest tenants get their own series, the res
   CHECK(text.find("tailbatch_pipeline_tenant_latency_seconds_count{tenant=\"t1\"} 10") !=
         std::string::npos);
 }
+
+TEST_CASE("ContinuousBatcher per-tenant metrics: top tenants by traffic plus `other`",
+          "[tenants][metrics][continuous]") {
+  ManualClock clock;
+  MetricsRegistry registry;
+  ContinuousBatcherConfig c = cb_config(Scheduling::fair);
+  c.max_active = 4;
+  c.metrics = &registry;
+  c.tenants.metric_tenants = 2;
+  c.tenants.tenant_name = [](TenantId t) { return "t" + std::to_string(t); };
+  c.tenants.tenants.push_back({9, TenantQuota{1.0, 1, 0}});
+  CBatcher b(
+      [&](std::span<CBatcher::Sequence> batch) {
+        clock.advance(1ms);
+        for (auto& s : batch)
+          if (s.emits()) s.emit(1);
+      },
+      c, clock);
+  std::vector<std::shared_ptr<CBatcher::Stream>> streams;
+  auto submit = [&](TenantId t) {
+    SubmitOptions o;
+    o.tenant = t;
+    streams.push_back(b.submit(cb_request(1, 2), o));
+  };
+  for (int i = 0; i < 6; ++i) submit(1);
+  for (int i = 0; i < 3; ++i) submit(2);
+  while (b.active_approx() + b.waiting_approx() > 0) (void)b.poll();
+  for (int i = 0; i < 2; ++i) submit(3);  // a third tenant: `other`
+  submit(9);
+  submit(9);  // over its quota: rejected at submit, counted under `other`
+  while (b.active_approx() + b.waiting_approx() > 0) (void)b.poll();
+  const std::string text = registry.prometheus();
+  CHECK(text.find("tailbatch_generation_tenant_sequences_total{status=\"ok\",tenant=\"t1\"} 6") !=
+        std::string::npos);
+  CHECK(text.find("tailbatch_generation_tenant_sequences_total{status=\"ok\",tenant=\"t2\"} 3") !=
+        std::string::npos);
+  CHECK(
+      text.find("tailbatch_generation_tenant_sequences_total{status=\"ok\",tenant=\"other\"} 3") !=
+      std::string::npos);
+  CHECK(text.find("tailbatch_generation_tenant_sequences_total{status=\"rejected\",tenant="
+                  "\"other\"} 1") != std::string::npos);
+  CHECK(text.find("tenant=\"t3\"") == std::string::npos);
+  CHECK(text.find("tenant=\"t9\"") == std::string::npos);
+  CHECK(text.find("tailbatch_generation_tenant_latency_seconds_count{tenant=\"t1\"} 6") !=
+        std::string::npos);
+  // Every sequence ended once, and the per-tenant series add up to the batcher's own.
+  CHECK(text.find("tailbatch_generation_sequences_total{status=\"ok\"} 12") != std::string::npos);
+}
+
+TEST_CASE("ContinuousBatcher without tenants enabled exports no per-tenant series",
+          "[tenants][metrics][continuous]") {
+  ManualClock clock;
+  MetricsRegistry registry;
+  ContinuousBatcherConfig c = cb_config(Scheduling::fifo);
+  c.metrics = &registry;
+  CBatcher b(
+      [](std::span<CBatcher::Sequence> batch) {
+        for (auto& s : batch)
+          if (s.emits()) s.emit(1);
+      },
+      c, clock);
+  auto s = b.submit(cb_request(1, 1));
+  while (b.active_approx() + b.waiting_approx() > 0) (void)b.poll();
+  CHECK(s->end()->ok());
+  CHECK(registry.prometheus().find("tailbatch_generation_tenant_") == std::string::npos);
+}

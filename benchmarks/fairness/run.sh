@@ -15,7 +15,8 @@
 #    tenant's queue quota 1000 (--tenant-max-queued), so that a's excess is refused as its
 #    own (quota_exceeded) instead of filling the queue for everyone.
 # 2. Overload at 2x capacity (980 requests/s) with the default queue (4096), each queue
-#    policy, clients that give up after 1 s (--request-timeout-ms 1000).
+#    policy, clients that give up after 1 s (--request-timeout-ms 1000); CoDel's target
+#    (also adaptive LIFO's) from CODEL_TARGET_MS (default 5, the library's default).
 # Each line: the run's JSON (--json), reduced to the figures the goals read.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -42,8 +43,9 @@ for sch in fifo fair; do
     "$load" "${flags[@]}" --tenant-mix "a:$a,b:96,c:96" --scheduling "$sch" --tenant-max-queued 1000 | show
   done
 done
-echo "overload at 2x capacity, 980/s ($mode, $secs s)"
+echo "overload at 2x capacity, 980/s ($mode, $secs s, codel target ${CODEL_TARGET_MS:-5} ms)"
 for q in reject-newest shed-oldest adaptive-lifo codel; do
   echo "$q:"
-  "$load" "${flags[@]}" --rate 980 --queue-policy "$q" --request-timeout-ms 1000 | show
+  "$load" "${flags[@]}" --rate 980 --queue-policy "$q" --request-timeout-ms 1000 \
+    --codel-target-ms "${CODEL_TARGET_MS:-5}" | show
 done

@@ -92,6 +92,7 @@
 #include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/outcome_ledger.hpp>
 #include <tailbatch/detail/request_intake.hpp>
+#include <tailbatch/detail/metrics/tenant_series.hpp>
 #include <tailbatch/detail/tenant_quotas.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/detail/time.hpp>
@@ -679,34 +680,34 @@ class ContinuousBatcher {
     submitted_.fetch_add(1, std::memory_order_relaxed);
     const time_point now = clock_.now();
     if (bad_stream != nullptr) {
-      complete(*stream, Status::failed, std::string("ContinuousBatcher: request.stream.") + bad_stream);
+      complete_for(options.tenant, {}, *stream, Status::failed, std::string("ContinuousBatcher: request.stream.") + bad_stream);
       return stream;
     }
     // Arrival, deadline, priority level and the refusals every front door shares
     // (detail/request_intake.hpp).
     const detail::Intake in = detail::intake(options, now);
     if (!in.accepted()) {
-      complete(*stream, in.status(), std::string(in.message()));
+      complete_for(options.tenant, {}, *stream, in.status(), std::string(in.message()));
       return stream;
     }
     const time_point arrival = in.arrival;
     const time_point deadline = in.deadline;
     const std::size_t reserve = request.prompt.size() + request.max_new_tokens;
     if (request.max_new_tokens == 0) {
-      complete(*stream, Status::ok, {});
+      complete_for(options.tenant, {}, *stream, Status::ok, {});
       return stream;
     }
     if (pool_ != nullptr) {
       if (std::string why = kv_refusal(request); !why.empty()) {
         if (request.prompt.empty()) {
-          complete(*stream, Status::failed, why);
+          complete_for(options.tenant, {}, *stream, Status::failed, why);
         } else {
-          complete(*stream, Status::rejected, why, RejectReason::too_large);
+          complete_for(options.tenant, {}, *stream, Status::rejected, why, RejectReason::too_large);
         }
         return stream;
       }
     } else if (reserve > config_.token_budget || reserve < request.prompt.size()) {
-      complete(*stream, Status::rejected,
+      complete_for(options.tenant, {}, *stream, Status::rejected,
                "ContinuousBatcher: prompt (" + std::to_string(request.prompt.size()) +
                    ") + max_new_tokens (" + std::to_string(request.max_new_tokens) +
                    ") exceeds token_budget (" + std::to_string(config_.token_budget) + ")",
@@ -714,7 +715,7 @@ class ContinuousBatcher {
       return stream;
     }
     if (now >= request.completion_deadline) {
-      complete(*stream, Status::deadline_exceeded, "ContinuousBatcher: completion_deadline passed before submission");
+      complete_for(options.tenant, {}, *stream, Status::deadline_exceeded, "ContinuousBatcher: completion_deadline passed before submission");
       return stream;
     }
 
@@ -736,7 +737,7 @@ class ContinuousBatcher {
 
     if (quotas_.enabled()) {
       if (auto no = quotas_.refusal(seq.tenant_, ledger_.service().rate())) {
-        complete(*stream, no->status, std::move(no->message), no->reason, no->retry_after);
+        complete_for(options.tenant, {}, *stream, no->status, std::move(no->message), no->reason, no->retry_after);
         return stream;
       }
     }
@@ -769,11 +770,11 @@ class ContinuousBatcher {
     }
     if (quotas_.enabled() && (refused != RejectReason::none || !indexed)) quotas_.release(options.tenant);
     if (!indexed) {
-      complete(*stream, Status::failed, "ContinuousBatcher: out of memory");
+      complete_for(options.tenant, {}, *stream, Status::failed, "ContinuousBatcher: out of memory");
     } else if (refused == RejectReason::shutting_down) {
-      complete(*stream, Status::rejected, "ContinuousBatcher: shutting down", refused);
+      complete_for(options.tenant, {}, *stream, Status::rejected, "ContinuousBatcher: shutting down", refused);
     } else if (refused == RejectReason::queue_full) {
-      complete(*stream, Status::rejected,
+      complete_for(options.tenant, {}, *stream, Status::rejected,
                "ContinuousBatcher: waiting queue full (" + std::to_string(config_.queue_capacity) + ")",
                refused, detail::ServiceRate::retry_after(ledger_.service().rate(), 1));
     } else {
@@ -798,14 +799,27 @@ class ContinuousBatcher {
   }
 
   // Closes a stream (first close wins) and counts how it actually ended.
-  void complete(Stream& stream, Status status, std::string message,
-                RejectReason reason = RejectReason::none,
-                std::chrono::nanoseconds retry_after = std::chrono::nanoseconds{0}) noexcept {
+  Status complete(Stream& stream, Status status, std::string message,
+                  RejectReason reason = RejectReason::none,
+                  std::chrono::nanoseconds retry_after = std::chrono::nanoseconds{0}) noexcept {
     (void)stream.close(status, std::move(message), reason, retry_after);
-    count_end(stream);
+    return count_end(stream);
+  }
+  // complete(), also counted for tenant t (per-tenant metrics), `latency` after its arrival.
+  void complete_for(TenantId t, std::chrono::nanoseconds latency, Stream& stream, Status status,
+                    std::string message, RejectReason reason = RejectReason::none,
+                    std::chrono::nanoseconds retry_after = std::chrono::nanoseconds{0}) noexcept {
+    tenant_ended(t, complete(stream, status, std::move(message), reason, retry_after), latency);
+  }
+  void tenant_ended(TenantId t, Status s, std::chrono::nanoseconds latency) noexcept {
+    if (metrics_.tenants) metrics_.tenants->record(t, s, latency);
+  }
+  std::chrono::nanoseconds since(time_point from, time_point to) const noexcept {
+    return to > from ? std::chrono::duration_cast<std::chrono::nanoseconds>(to - from) : std::chrono::nanoseconds{0};
   }
 
-  void count_end(const Stream& stream) noexcept {
+  // Counts how the stream ended; returns that status.
+  Status count_end(const Stream& stream) noexcept {
     Status s = Status::failed;
     RejectReason r = RejectReason::none;
     detail::call_guarded(
@@ -818,6 +832,7 @@ class ContinuousBatcher {
         [](const char*) {});
     ledger_.count(s, r);
     metrics_.count(s, r);
+    return s;
   }
 
   bool idle_locked() {
@@ -1276,14 +1291,16 @@ class ContinuousBatcher {
 
   // Closes a sequence that left the waiting queue at `when` without running.
   void complete_dropped(Sequence& s, bool stopping, time_point when, ContinuousBatcherPollResult& report) noexcept {
+    const TenantId t = s.tenant_;
+    const std::chrono::nanoseconds waited = since(s.submitted_, when);
     if (stopping) {
-      complete(*s.stream_, Status::rejected, "ContinuousBatcher: shutting down", RejectReason::shutting_down);
+      complete_for(t, waited, *s.stream_, Status::rejected, "ContinuousBatcher: shutting down", RejectReason::shutting_down);
     } else if (s.stream_->cancel_requested()) {
-      complete(*s.stream_, Status::cancelled, "cancelled by the consumer while waiting");
+      complete_for(t, waited, *s.stream_, Status::cancelled, "cancelled by the consumer while waiting");
     } else if (when >= s.completion_deadline_) {
-      complete(*s.stream_, Status::deadline_exceeded, "completion_deadline passed while waiting");
+      complete_for(t, waited, *s.stream_, Status::deadline_exceeded, "completion_deadline passed while waiting");
     } else {
-      complete(*s.stream_, Status::deadline_exceeded, "deadline passed while waiting: not admitted in time");
+      complete_for(t, waited, *s.stream_, Status::deadline_exceeded, "deadline passed while waiting: not admitted in time");
     }
     ++report.completed;
   }
@@ -1304,7 +1321,8 @@ class ContinuousBatcher {
   void retire(Sequence& s, ContinuousBatcherPollResult& report) noexcept {
     if (s.retired_) return;
     s.retired_ = true;
-    count_end(*s.stream_);
+    const Status ended = count_end(*s.stream_);
+    if (metrics_.tenants) tenant_ended(s.tenant_, ended, since(s.submitted_, clock_.now()));
     ++report.completed;
   }
 
@@ -1349,6 +1367,8 @@ class ContinuousBatcher {
     Counter* preemptions = nullptr;  // KV pool only
     Counter* recomputed = nullptr;   // KV pool only
     CallbackRegistration active_gauge, waiting_gauge, reserved_gauge;
+    // With tenants enabled and metric_tenants > 0: tailbatch_generation_tenant_*.
+    std::unique_ptr<detail::TenantSeries> tenants;
 
     const StreamMetrics* streams_ptr() const noexcept { return enabled ? &streams : nullptr; }
     void count(Status s, RejectReason r) noexcept {
@@ -1406,6 +1426,11 @@ class ContinuousBatcher {
       metrics_.recomputed =
           &r.counter("tailbatch_generation_recomputed_tokens_total",
                      "Tokens whose KV was computed again after a preemption", base);
+    }
+    if (config_.tenants.enabled() && config_.tenants.metric_tenants > 0) {
+      metrics_.tenants = std::make_unique<detail::TenantSeries>(
+          r, base, "tailbatch_generation", "sequences", config_.tenants.metric_tenants,
+          config_.tenants.tenant_name);
     }
     metrics_.enabled = true;
   }

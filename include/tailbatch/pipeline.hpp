@@ -391,7 +391,7 @@ class Pipeline {
                 lanes_ != nullptr ? lanes_->size() * lanes_->lane_capacity() : 1),
         ledger_(clock_.now()) {
     validate();
-    former_.configure(config_.tenants, config_.queue, config_.queue_capacity);
+    former_.configure(config_.tenants, config_.queue, config_.queue_capacity, lanes_->lane_capacity() == 1 ? lanes_->size() : 0);
     total_slots_ = lanes_->size() * lanes_->lane_capacity();
     manual_batch_.reserve(max_batch_);
     metrics_ = config_.metrics.register_pipeline(
@@ -471,9 +471,7 @@ class Pipeline {
       if (threw) return;
     }
     if constexpr (CostLimitedBatchPolicy<Policy>) {
-      if (cost > policy_.max_cost()) {
-        return reject_too_large(done, cost);
-      }
+      if (cost > policy_.max_cost()) return reject_too_large(done, cost);
     }
     if constexpr (BucketedBatchPolicy<Policy>) {
       bucket = std::min(policy_.bucket_of(cost), former_.staged().buckets() - 1);
@@ -759,14 +757,15 @@ class Pipeline {
       // A dispatch decided on a view with no idle slot is not acted on at once (the policy
       // is asked again once a slot is held), so that a policy may count what it dispatches.
       const std::size_t idle = idle_lane_slots(lease.has_value());
-      const Round round = former_.decide(now, closing, idle, dead_sink());
+      Round round = former_.decide(now, closing, idle, dead_sink());
+      if (round.bucket != npos && !lease && idle > 0) lease = lanes_->try_acquire();
+      if (round.bucket != npos && former_.start_now(round, now, lease ? lease->index() : npos, closing)) {
+        form(b, round, now);
+        former_.pacing().started(lease->index(), now, detail::full_batch(round.decision));
+        publish_dequeued();
+        return Lead::formed;
+      }
       if (round.bucket != npos) {
-        if (!lease && idle > 0) lease = lanes_->try_acquire();
-        if (lease) {
-          form(b, round, now);
-          publish_dequeued();
-          return Lead::formed;
-        }
         former_.compact_all();
         publish_dequeued();
         if (!may_sleep) {

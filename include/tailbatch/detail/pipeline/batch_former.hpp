@@ -31,12 +31,14 @@
 //   list of keys per tenant. A batch's requests are charged to their tenants' counters as
 //   it is formed (cost / weight). Priority lanes and the starvation rule come first:
 //   fairness orders requests within a priority class, never across classes.
-// - shed-oldest and CoDel drop (RejectReason::shed) through apply_queue_policy(), which
-//   the leader calls each turn after staging: the victim is the oldest request of the
-//   lowest non-empty priority class (with fair scheduling, of the tenant there that would
-//   be served last), so that overload is paid by the lowest class and the heaviest tenant.
+// - shed-oldest, CoDel and adaptive LIFO drop (RejectReason::shed) through
+//   apply_queue_policy(), which the leader calls each turn after staging: the victim is
+//   the oldest request of the lowest non-empty priority class (with fair scheduling, of
+//   the tenant there that would be served last), so that overload is paid by the lowest
+//   class and the heaviest tenant.
 // - adaptive LIFO serves each sub-queue newest first while a queue has formed (more
-//   requests than one batch per lane slot, or the oldest has waited past codel_target).
+//   requests than one batch per lane slot, or the oldest has waited past codel_target),
+//   and sheds as CoDel does while the queue stands (Facebook's adaptive LIFO with CoDel).
 #pragma once
 
 #include <algorithm>
@@ -48,6 +50,7 @@
 #include <optional>
 #include <span>
 #include <tailbatch/batch_window.hpp>
+#include <tailbatch/detail/pipeline/lane_pacing.hpp>
 #include <tailbatch/detail/pipeline/queue_policy.hpp>
 #include <tailbatch/detail/pipeline/queue_staging.hpp>
 #include <tailbatch/detail/throw.hpp>
@@ -95,8 +98,11 @@ class BatchFormer {
   // Sets the tenants' scheduling and the queue policy (both read until the former is
   // destroyed: `tenants` must outlive it) and the queue's capacity (shed-oldest sheds down
   // to it). Call before anything is staged. May allocate (std::bad_alloc).
-  void configure(const TenantsConfig& tenants, const QueuePolicyConfig& queue,
-                 std::size_t capacity) {
+  // paced_lanes: one-slot lanes whose batches' starts lane staggering spreads
+  // (QueuePolicyConfig::stagger; 0: lanes of several slots, never paced).
+  void configure(const TenantsConfig& tenants, const QueuePolicyConfig& queue, std::size_t capacity,
+                 std::size_t paced_lanes = 0) {
+    pacing_.configure(staggers(queue, tenants), paced_lanes);
     fair_ = tenants.scheduling == Scheduling::fair;
     if (fair_) {
       counters_.emplace(tenants);
@@ -104,7 +110,10 @@ class BatchFormer {
     }
     queue_ = queue;
     capacity_ = capacity;
-    if (queue.policy == QueuePolicy::codel)
+    // Adaptive LIFO runs CoDel's control loop too (Facebook pairs the two): newest first
+    // serves the requests most likely to meet their deadline, and CoDel answers the ones a
+    // standing queue has left behind early, instead of serving them late once it drains.
+    if (queue.policy == QueuePolicy::codel || queue.policy == QueuePolicy::adaptive_lifo)
       codel_.emplace(queue.codel_target, queue.codel_interval);
   }
 
@@ -153,8 +162,9 @@ class BatchFormer {
   // Whether the last decide() served newest first (adaptive LIFO). Not thread-safe.
   [[nodiscard]] bool lifo() const noexcept { return lifo_; }
 
-  // Applies the queue policy at `now`: shed-oldest sheds down to the capacity; CoDel,
-  // while the queue stands, sheds the oldest while they waited past twice its target.
+  // Applies the queue policy at `now`: shed-oldest sheds down to the capacity; CoDel and
+  // adaptive LIFO, while the queue stands, shed the oldest while they waited past twice
+  // codel_target (never below one batch per lane slot).
   // Victims go to dead with RejectReason::shed. Never allocates. Not thread-safe: the leader's.
   template <class Dead>
   void apply_queue_policy(BatchTime now, Dead&& dead) noexcept {
@@ -163,7 +173,9 @@ class BatchFormer {
       }
     } else if (codel_) {
       for (;;) {
-        const bool small = staged_.size() <= max_batch_;
+        // No more than every lane slot's next batch: never dropped from (RFC 8289's
+        // "maxpacket" rule, once per slot), so shedding never leaves a lane short of work.
+        const bool small = staged_.size() <= max_batch_ * total_slots_;
         const BatchTime oldest = oldest_arrival();
         const BatchDuration sojourn =
             oldest == BatchTime::max() || now < oldest ? BatchDuration::zero() : now - oldest;
@@ -287,6 +299,34 @@ class BatchFormer {
     }
     round.wake_delta = best_delta == npos ? 1 : best_delta;
     return round;
+  }
+
+  // Lane staggering's state. Not thread-safe: the leader's.
+  [[nodiscard]] LanePacing& pacing() noexcept { return pacing_; }
+
+  // Whether round's batch (as decide() left it) starts now on lane `lane` (npos: every
+  // slot busy, so no). With staggered lanes a full batch may wait on its lane to keep the
+  // starts spread: then round becomes that wait. Never when closing, nor past the earliest
+  // deadline of the batch's requests. Never throws. Not thread-safe: the leader's.
+  [[nodiscard]] bool start_now(Round& round, BatchTime now, std::size_t lane,
+                               bool closing) noexcept {
+    if (lane == npos) return false;
+    if (!pacing_.enabled()) return true;
+    const BatchTime at = pacing_.not_before(lane, now, full_batch(round.decision));
+    if (at <= now || closing || earliest_deadline(round) < at) return true;
+    round =
+        Round{npos, {}, BatchDecision::wait(at, npos), std::numeric_limits<std::uint32_t>::max()};
+    return false;
+  }
+
+  // The earliest deadline among the requests round's batch would take (as decide() left
+  // them). Never allocates. Not thread-safe: the leader's.
+  [[nodiscard]] BatchTime earliest_deadline(const Round& round) const noexcept {
+    BatchTime t = BatchTime::max();
+    const View& v = views_[round.bucket];
+    const std::size_t count = std::min(round.decision.count, v.candidates.size());
+    for (std::size_t i = 0; i < count; ++i) t = std::min(t, v.candidates[i].deadline);
+    return t;
   }
 
   // Hands the first round.decision.count candidates of the round's bucket (as decide()
@@ -631,6 +671,7 @@ class BatchFormer {
   QueuePolicyConfig queue_{};
   std::size_t capacity_ = std::numeric_limits<std::size_t>::max();
   std::optional<CodelState> codel_;
+  LanePacing pacing_;
   std::uint64_t shed_ = 0;
   bool lifo_ = false;
 };
