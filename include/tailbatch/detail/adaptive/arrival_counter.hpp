@@ -13,7 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include <tailbatch/batch_window.hpp>
+#include <tailbatch/batch_policy.hpp>
 #include <tailbatch/detail/math.hpp>
 
 namespace tailbatch::detail {

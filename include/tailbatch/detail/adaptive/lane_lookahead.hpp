@@ -15,7 +15,7 @@
 #include <vector>
 
 #include <tailbatch/detail/time.hpp>
-#include <tailbatch/batch_window.hpp>
+#include <tailbatch/batch_policy.hpp>
 
 namespace tailbatch::detail {
 

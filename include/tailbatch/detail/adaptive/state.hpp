@@ -20,7 +20,7 @@
 #include <mutex>
 #include <string>
 #include <tailbatch/adaptive_plan.hpp>
-#include <tailbatch/batch_window.hpp>
+#include <tailbatch/batch_policy.hpp>
 #include <tailbatch/detail/adaptive/arrival_counter.hpp>
 #include <tailbatch/detail/adaptive/lane_lookahead.hpp>
 #include <tailbatch/detail/math.hpp>

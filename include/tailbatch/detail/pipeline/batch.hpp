@@ -14,7 +14,7 @@
 #include <chrono>
 #include <concepts>
 #include <cstddef>
-#include <tailbatch/batch_window.hpp>
+#include <tailbatch/batch_policy.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/outcome.hpp>
 #include <tailbatch/submit_options.hpp>

@@ -49,7 +49,7 @@
 #include <limits>
 #include <optional>
 #include <span>
-#include <tailbatch/batch_window.hpp>
+#include <tailbatch/batch_policy.hpp>
 #include <tailbatch/detail/pipeline/lane_pacing.hpp>
 #include <tailbatch/detail/pipeline/queue_policy.hpp>
 #include <tailbatch/detail/pipeline/queue_staging.hpp>

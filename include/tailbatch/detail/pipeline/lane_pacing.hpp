@@ -23,7 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
-#include <tailbatch/batch_window.hpp>
+#include <tailbatch/batch_policy.hpp>
 #include <tailbatch/queue_policy.hpp>
 #include <tailbatch/submit_options.hpp>
 #include <tailbatch/tenants.hpp>

@@ -23,9 +23,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <tailbatch/batch_window.hpp>
+#include <tailbatch/batch_policy.hpp>
 #include <tailbatch/detail/math.hpp>
-#include <tailbatch/detail/metrics/tenant_series.hpp>
+#include <tailbatch/detail/tenant_series.hpp>
 #include <tailbatch/detail/outcome_ledger.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/metrics.hpp>

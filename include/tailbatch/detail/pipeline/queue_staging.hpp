@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <iterator>
-#include <tailbatch/batch_window.hpp>
+#include <tailbatch/batch_policy.hpp>
 #include <utility>
 #include <vector>
 

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <tailbatch/batch_window.hpp>
+#include <tailbatch/batch_policy.hpp>
 #include <tailbatch/clock.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/pipeline_config.hpp>
