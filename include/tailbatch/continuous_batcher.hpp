@@ -92,7 +92,7 @@
 #include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/outcome_ledger.hpp>
 #include <tailbatch/detail/request_intake.hpp>
-#include <tailbatch/detail/metrics/tenant_series.hpp>
+#include <tailbatch/detail/tenant_series.hpp>
 #include <tailbatch/detail/tenant_quotas.hpp>
 #include <tailbatch/detail/throw.hpp>
 #include <tailbatch/detail/time.hpp>
@@ -1055,7 +1055,7 @@ class ContinuousBatcher {
     }
     tokens_.fetch_add(report.emitted, std::memory_order_relaxed);
     std::uint64_t finished = 0;
-    for (std::size_t i = 0; i < scheduled; ++i) finished += active_[i].retired_ ? 1 : 0;
+    for (std::size_t i = 0; i < scheduled; ++i) finished += active_[i].retired_ ? 1u : 0u;
     (void)ledger_.service().record(finished, std::chrono::duration_cast<std::chrono::nanoseconds>(step_end - step_start));
     compact();
     complete_late();
