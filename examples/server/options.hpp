@@ -56,7 +56,8 @@ struct Options {
   std::string api_keys_file;        // --api-keys: "KEY TENANT [WEIGHT [MAX_IN_FLIGHT]]" per line
   bool tenant_header = false;       // --tenant-header: X-Tenant names the tenant (after key, user)
   std::string scheduling = "fair";  // --scheduling fair|fifo
-  std::string queue_policy = "adaptive-lifo";  // --queue-policy (the classify queue)
+  std::string queue_policy = "reject-newest";  // --queue-policy (the classify queue)
+  double codel_target_ms = 0;  // --codel-target-ms; 0: a tenth of --slo-p95-ms (at most 50 ms)
   std::size_t tenant_max_in_flight = 0;        // --tenant-max-in-flight: default quota; 0: none
   unsigned sse_keepalive_ms =
       10'000;  // a ": keep-alive" comment on a stream idle this long; 0: none
@@ -244,10 +245,16 @@ inline int parse_options(int argc, char** argv, Options& o) {
       ->check(CLI::IsMember({"fair", "fifo"}))
       ->capture_default_str();
   app.add_option("--queue-policy", o.queue_policy,
-                 "The classify queue under overload: adaptive-lifo (oldest first until a queue "
-                 "forms, then newest first), reject-newest, shed-oldest or codel "
+                 "The classify queue under overload: reject-newest, adaptive-lifo (oldest first "
+                 "until a queue forms, then newest first), shed-oldest or codel "
                  "(docs/pipeline.md)")
       ->check(CLI::IsMember({"reject-newest", "shed-oldest", "adaptive-lifo", "codel"}))
+      ->capture_default_str();
+  app.add_option("--codel-target-ms", o.codel_target_ms,
+                 "The queue wait adaptive-lifo and codel keep the queue's minimum below; a "
+                 "standing queue sheds what waited past twice it (0: a tenth of --slo-p95-ms, "
+                 "at most 50 ms; the interval is 100 ms)")
+      ->check(CLI::Range(0.0, 99.0))
       ->capture_default_str();
   app.add_option("--tenant-max-in-flight", o.tenant_max_in_flight,
                  "Requests one tenant may have queued or running at once, per model; more get 429 "

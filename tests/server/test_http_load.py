@@ -5,7 +5,8 @@
 
 1. A short sweep against `tailbatch-serve --port 0`: one JSON object per rate with the
    documented fields, the status counts and errors adding up to the requests sent, a
-   non-loopback host refused without --allow-remote.
+   non-loopback host refused without --allow-remote; a generation workload's
+   /v1/completions bodies (--shared-prefix, --prompt-len, --output-len) all answered 2xx.
 2. Coordinated omission: a tiny HTTP server started here (127.0.0.1, port 0) answers at
    once except for one request, 1 s into the run, which it holds for 300 ms. Over one
    connection at 200 requests/s the requests due during the stall wait for it, so the
@@ -93,6 +94,17 @@ def test_serve():
     check(runs[0]["status"]["2xx"] > 0, "classify answered 2xx")
     check(runs[0]["mean_batch"] is not None and runs[0]["mean_batch"] >= 1.0,
           "mean_batch from /v1/stats (%s)" % runs[0]["mean_batch"])
+    # A generation workload over HTTP: the workload flags make /v1/completions bodies (a shared
+    # prefix, words of each request's own, max_tokens drawn from --output-len), and the
+    # server answers every one (the prompt stays within its --gen-max-prompt-tokens).
+    p = run_load("--url", "http://127.0.0.1:%d/v1/completions" % port, "--method", "POST",
+                 "--shared-prefix", "40", "--prompt-len", "8", "--output-len", "geometric:4",
+                 "--max-tokens", "8", "--rate", "10", "--duration", "1.5", "--warmup", "0.2",
+                 "--slo-p95-ms", "5000")
+    runs = runs_of(p)
+    check(p.returncode == 0 and len(runs) == 1, "one generation run against /v1/completions (%s)" % p.stderr[-300:])
+    check(runs[0]["requests"] > 0 and runs[0]["status"]["2xx"] == runs[0]["requests"],
+          "every generated /v1/completions body answered 2xx (%s of %d)" % (runs[0]["status"], runs[0]["requests"]))
 
 
 class StallHandler(http.server.BaseHTTPRequestHandler):
