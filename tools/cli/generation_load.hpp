@@ -27,6 +27,26 @@
 
 namespace tailbatch_load {
 
+// A CLI11 check: a whole number in [lo, hi] (tailbatch-load's count flags use it too).
+inline CLI::Validator count_check(long long lo, long long hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        long long v = 0;
+        std::size_t used = 0;
+        try {
+          v = std::stoll(text, &used);
+        } catch (const std::out_of_range&) {
+          return fmt::format("must be in [{}, {}], got {}", lo, hi, text);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size()) return "\"" + text + "\" is not a whole number";
+        if (v < lo || v > hi) return fmt::format("must be in [{}, {}], got {}", lo, hi, text);
+        return {};
+      },
+      fmt::format("INTEGER in [{}, {}]", lo, hi));
+}
+
 // The generation flags, as parsed.
 struct GenerationCli {
   std::string output_len = "fixed:128";
@@ -70,24 +90,6 @@ inline void add_generation_options(CLI::App& app, GenerationCli& g) {
         return {};
       },
       "fixed:N|geometric:MEAN");
-  auto whole = [](long long lo, long long hi) {
-    return CLI::Validator(
-        [lo, hi](std::string& text) -> std::string {
-          long long v = 0;
-          std::size_t used = 0;
-          try {
-            v = std::stoll(text, &used);
-          } catch (const std::out_of_range&) {
-            return fmt::format("must be in [{}, {}], got {}", lo, hi, text);
-          } catch (const std::exception&) {
-            used = 0;
-          }
-          if (used == 0 || used != text.size()) return "\"" + text + "\" is not a whole number";
-          if (v < lo || v > hi) return fmt::format("must be in [{}, {}], got {}", lo, hi, text);
-          return {};
-        },
-        fmt::format("INTEGER in [{}, {}]", lo, hi));
-  };
   const CLI::Validator cost(
       [](std::string& text) -> std::string {
         double v = 0;
@@ -113,26 +115,26 @@ inline void add_generation_options(CLI::App& app, GenerationCli& g) {
       app.add_option("--max-tokens", g.max_tokens,
                      "generation: each request's max_tokens (what --kv-mode reserve books)")
           ->capture_default_str()
-          ->check(whole(1, 1 << 20)),
+          ->check(count_check(1, 1 << 20)),
       app.add_option(
              "--prompt-len", g.prompt_len,
              "generation: tokens of each request's own prompt, after the shared prefix (with "
              "--url: words, one token each for the reference tokenizer)")
           ->capture_default_str()
-          ->check(whole(0, 1 << 20)),
+          ->check(count_check(0, 1 << 20)),
       app.add_option("--shared-prefix", g.shared_prefix,
                      "generation: tokens of a prefix every request's prompt starts with (a system "
                      "prompt); 0: none")
           ->capture_default_str()
-          ->check(whole(0, 1 << 20)),
+          ->check(count_check(0, 1 << 20)),
   };
   g.simulation_flags = {
       app.add_option("--kv-blocks", g.kv_blocks, "--model generator: blocks in the KV cache")
           ->capture_default_str()
-          ->check(whole(1, 1 << 24)),
+          ->check(count_check(1, 1 << 24)),
       app.add_option("--kv-block-size", g.kv_block_size, "--model generator: tokens per KV block")
           ->capture_default_str()
-          ->check(whole(1, 1024)),
+          ->check(count_check(1, 1024)),
       app.add_option(
              "--kv-mode", g.kv_mode,
              "--model generator: grow (blocks as sequences grow, preempting the newest when the "
@@ -142,7 +144,7 @@ inline void add_generation_options(CLI::App& app, GenerationCli& g) {
       app.add_option("--kv-watermark", g.kv_watermark,
                      "--model generator, grow: blocks kept free when admitting (room to grow)")
           ->capture_default_str()
-          ->check(whole(0, 1 << 24)),
+          ->check(count_check(0, 1 << 24)),
       app.add_option(
              "--prefix-caching", g.prefix_caching,
              "--model generator: share full prompt blocks between requests (on) or not (off)")
@@ -151,7 +153,7 @@ inline void add_generation_options(CLI::App& app, GenerationCli& g) {
       app.add_option("--gen-max-active", g.max_active,
                      "--model generator: sequences decoded together")
           ->capture_default_str()
-          ->check(whole(1, 4096)),
+          ->check(count_check(1, 4096)),
       app.add_option(
              "--step-base-us", g.step_base_us,
              "--model generator: a step's fixed time, us (default: the reference generator's)")

@@ -177,25 +177,7 @@ CLI::Validator number_check(double lo, bool strict) {
       strict ? "NUMBER > 0" : "NUMBER >= 0");
 }
 
-// A CLI11 check: a whole number in [lo, hi].
-CLI::Validator count_check(long long lo, long long hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& text) -> std::string {
-        long long v = 0;
-        std::size_t used = 0;
-        try {
-          v = std::stoll(text, &used);
-        } catch (const std::out_of_range&) {
-          return fmt::format("must be in [{}, {}], got {}", lo, hi, text);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used == 0 || used != text.size()) return "\"" + text + "\" is not a whole number";
-        if (v < lo || v > hi) return fmt::format("must be in [{}, {}], got {}", lo, hi, text);
-        return {};
-      },
-      fmt::format("INTEGER in [{}, {}]", lo, hi));
-}
+using tailbatch_load::count_check;  // a whole number in [lo, hi] (generation_load.hpp)
 
 struct Request {
   std::uint64_t id = 0;
