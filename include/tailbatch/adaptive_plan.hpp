@@ -22,7 +22,8 @@ enum class AdaptiveCloseReason : std::uint8_t {
   target_size,  // the queue held the size the current load calls for
   window,       // the oldest request waited as long as the target takes to fill
   slo_guard,    // waiting longer would break the SLO for the oldest request
-  backlog,      // more was queued than the target drains within the SLO: a larger batch went
+  backlog,      // more was queued than the target drains within the SLO (on one lane: than
+                // the target, as the lane freed): a larger batch went
   flush,        // the Pipeline drains
   lookahead,    // playing the next moments out showed fewer late requests if all queued go now
 };

@@ -51,7 +51,10 @@
 //   backlog      the queue holds more than rounds of target-sized batches on every lane
 //                run within the SLO (less what the oldest has waited and a tenth of the
 //                SLO), and a larger batch is cheaper per request: the smallest size that
-//                does drain it in time goes (the cap if none does);
+//                does drain it in time goes (the cap if none does). On one lane also
+//                when the lane frees with more than the target queued: all of it goes,
+//                up to the cap. "Cheaper" is by 20 % with several lanes (a larger batch
+//                takes work another lane could run) and by 2 % on one;
 //   max_batch    the queue holds the hard cap;
 //   slo_guard    holding the oldest request any longer would leave less than its batch's
 //                cost plus a tenth of the SLO before the SLO (p95 target, or p99 if tighter);

@@ -85,6 +85,11 @@ class AdaptiveState {
   static constexpr double tail_tolerance = 0.05;
   // How much cheaper per request the larger batch must be for the lookahead to weigh it.
   static constexpr double lookahead_gain = 0.98;
+  // How much cheaper per request a larger batch must be for the keep-up and backlog rules
+  // to send it, with several lanes: there a larger batch takes work the other lanes could
+  // run, so it must buy a clear saving. With one lane nothing else could run the work, and
+  // any saving (lookahead_gain) is throughput.
+  static constexpr double spread_gain = 0.8;
 
   explicit AdaptiveState(const AdaptiveWindowConfig& c)
       : slo_p95_(c.slo_p95),
@@ -213,21 +218,29 @@ class AdaptiveState {
       }
       if (r > stale_rise * plan_.rate_rps) {
         const std::size_t keep = keep_up_size(r);
-        if (keep > target && cost(keep) * static_cast<double>(target) <
-                                 0.8 * cost(target) * static_cast<double>(keep))
-          target = keep;
+        if (keep > target && cheaper_per_request(keep, target)) target = keep;
       }
       // A backlog: more queued than batches of the target can drain within the SLO on
       // the lanes there are. Where larger batches are cheaper per request, close the
       // smallest size that does drain it (the cap if none does). (Where batching buys
       // nothing, larger batches would only take work away from the other lanes.)
       const std::size_t queued = std::max(v.queued, n);
+      // One lane, free again, with more queued than the target: what queued behind the
+      // batch it ran is the next batch, up to the cap, where a larger batch is any cheaper
+      // per request. No other lane could run the rest, so holding it back would only make
+      // it wait a whole batch more (the fixed window at the cap does the same).
+      if (lanes_ == 1 && v.idle_lanes > 0 && n > target) {
+        const std::size_t take = std::min(n, cap_);
+        if (cheaper_per_request(take, target))
+          return close(
+              take, DispatchReason::size,
+              take == cap_ ? AdaptiveCloseReason::max_batch : AdaptiveCloseReason::backlog);
+      }
       if (queued > target) {
         const BatchDuration age = v.now - window_start(v.candidates);
         const std::size_t s =
             drain_size(queued, target, slo - std::max(age, BatchDuration::zero()));
-        if (s > target &&
-            cost(s) * static_cast<double>(target) < 0.8 * cost(target) * static_cast<double>(s)) {
+        if (s > target && cheaper_per_request(s, target)) {
           const std::size_t take = std::min(s, n);
           return close(
               take, DispatchReason::size,
@@ -389,6 +402,13 @@ class AdaptiveState {
 
   // The modelled cost of a batch of b (1 <= b <= cap), seconds; 0 before any feedback.
   double cost(std::size_t b) const noexcept { return table_[b]; }
+
+  // Whether batches of `big` cost enough less per request than batches of `small` for the
+  // keep-up and backlog rules to send them (spread_gain; lookahead_gain on one lane).
+  bool cheaper_per_request(std::size_t big, std::size_t small) const noexcept {
+    const double gain = lanes_ == 1 ? lookahead_gain : spread_gain;
+    return cost(big) * static_cast<double>(small) < gain * cost(small) * static_cast<double>(big);
+  }
 
   // The smallest size whose batches keep the lanes at most keep_up_load busy at `rate`
   // (1 when none does: then no size keeps up, and a larger one would only add its cost).
