@@ -220,11 +220,6 @@ class AdaptiveState {
         const std::size_t keep = keep_up_size(r);
         if (keep > target && cheaper_per_request(keep, target)) target = keep;
       }
-      // A backlog: more queued than batches of the target can drain within the SLO on
-      // the lanes there are. Where larger batches are cheaper per request, close the
-      // smallest size that does drain it (the cap if none does). (Where batching buys
-      // nothing, larger batches would only take work away from the other lanes.)
-      const std::size_t queued = std::max(v.queued, n);
       // One lane, free again, with more queued than the target: what queued behind the
       // batch it ran is the next batch, up to the cap, where a larger batch is any cheaper
       // per request. No other lane could run the rest, so holding it back would only make
@@ -236,6 +231,11 @@ class AdaptiveState {
               take, DispatchReason::size,
               take == cap_ ? AdaptiveCloseReason::max_batch : AdaptiveCloseReason::backlog);
       }
+      // A backlog: more queued than batches of the target can drain within the SLO on
+      // the lanes there are. Where larger batches are cheaper per request, close the
+      // smallest size that does drain it (the cap if none does). (Where batching buys
+      // nothing, larger batches would only take work away from the other lanes.)
+      const std::size_t queued = std::max(v.queued, n);
       if (queued > target) {
         const BatchDuration age = v.now - window_start(v.candidates);
         const std::size_t s =
