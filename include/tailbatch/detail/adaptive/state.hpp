@@ -178,9 +178,7 @@ class AdaptiveState {
     // Only where a larger batch is cheaper per request: where batching buys nothing, a
     // larger batch would only take work from the other lanes.
     if (planned_ && !v.flush && v.idle_lanes > 0 && d.count < all &&
-        cost(all) * static_cast<double>(base) <
-            lookahead_gain * cost(base) * static_cast<double>(all) &&
-        lookahead(v, all) < lookahead(v, d.count)) {
+        cheaper_by(all, base, lookahead_gain) && lookahead(v, all) < lookahead(v, d.count)) {
       d = BatchDecision::dispatch(all, DispatchReason::size);
       reason_ = AdaptiveCloseReason::lookahead;
     }
@@ -403,11 +401,15 @@ class AdaptiveState {
   // The modelled cost of a batch of b (1 <= b <= cap), seconds; 0 before any feedback.
   double cost(std::size_t b) const noexcept { return table_[b]; }
 
+  // Whether a batch of `big` costs less per request than `gain` times a batch of `small`.
+  bool cheaper_by(std::size_t big, std::size_t small, double gain) const noexcept {
+    return cost(big) * static_cast<double>(small) < gain * cost(small) * static_cast<double>(big);
+  }
+
   // Whether batches of `big` cost enough less per request than batches of `small` for the
   // keep-up and backlog rules to send them (spread_gain; lookahead_gain on one lane).
   bool cheaper_per_request(std::size_t big, std::size_t small) const noexcept {
-    const double gain = lanes_ == 1 ? lookahead_gain : spread_gain;
-    return cost(big) * static_cast<double>(small) < gain * cost(small) * static_cast<double>(big);
+    return cheaper_by(big, small, lanes_ == 1 ? lookahead_gain : spread_gain);
   }
 
   // The smallest size whose batches keep the lanes at most keep_up_load busy at `rate`
