@@ -7,6 +7,12 @@
 # (tests/prometheus/fleet_test.py). About 20 s; every process it starts binds 127.0.0.1 and
 # is stopped by it.
 #
+# It runs alone (RUN_SERIAL), even under `ctest -j`: it compares the server's latency with
+# its clients', and another test's processes on the same cores delay the replicas' I/O
+# threads, which clients see and the Pipeline's end-to-end histogram does not (under
+# `ctest -j 2` on 2 cores it once read a replica's Pipeline p99 at 11.8 ms against a client
+# p99 from send of 39.6 ms, outside the check's allowance for the way in and out).
+#
 # Needs what the server and tailbatch-load's HTTP mode build from (Boost, nlohmann-json,
 # CLI11), python3, and Debian's prometheus package (scripts/deps.sh --test): where
 # prometheus is missing the test fails and says how to install it.
@@ -25,4 +31,4 @@ add_test(NAME prometheus_fleet
                  --rules ${PROJECT_SOURCE_DIR}/deploy/prometheus/tailbatch-rules.yaml
                  --dashboard ${PROJECT_SOURCE_DIR}/deploy/grafana/tailbatch.json
                  --work ${CMAKE_CURRENT_BINARY_DIR}/prometheus_fleet)
-set_tests_properties(prometheus_fleet PROPERTIES LABELS prometheus TIMEOUT 180)
+set_tests_properties(prometheus_fleet PROPERTIES LABELS prometheus TIMEOUT 180 RUN_SERIAL ON)
