@@ -23,8 +23,12 @@
 // the predicted p95 (or p99, when a p99 target is set and is the tighter) over its target,
 // lowest; among the pairs within 5 % of that lowest tail, the one with the least lane time
 // per request (the cheapest that is as fast); then the lower tail, then the shorter window
-// and smaller size. Plans are remembered per rate, so a load that comes back costs nothing
-// to plan again.
+// and smaller size. The pairs compared so are those the search ran to the end: the plan
+// for the nearest rate, tried first, and each pair that matched or lowered the lowest tail
+// found so far (the others are cut short as soon as they are worse than it): in effect the
+// plan in force stays while its tail is within 5 % of the lowest, unless a pair found on
+// the way there is cheaper. Plans are remembered per rate, so a load that comes back costs
+// nothing to plan again.
 //
 // Planning cost, and its bound. Planning runs in on_batch_executed (which the Pipeline
 // calls after the batch's completions, so they never wait for it), never in decide(), and

@@ -79,9 +79,13 @@ class AdaptiveState {
   // The queue in a view is read as a rate (see decide) from this many requests up.
   static constexpr std::size_t view_rate_min = 8;
   static constexpr double view_rise = 2.0;
-  // The objective: the plans whose predicted tail (p95 over its target, or p99 over its
-  // target when that is worse) is within this fraction of the lowest are equally good
-  // for latency; among them the one that spends the least lane time per request wins.
+  // The objective: among the plans that ran to the end (see start_job: the plan for the
+  // nearest rate, and each candidate that matched or lowered the lowest tail so far), the
+  // ones whose predicted tail (p95 over its target, or p99 over its target when that is
+  // worse) is within this fraction of the lowest are equally good for latency; of them the
+  // one that spends the least lane time per request wins. (Applied to every candidate of
+  // the grid, with the cut below at the lowest tail plus this fraction, it missed the
+  // simulated goal: see docs/adaptive-window.md.)
   static constexpr double tail_tolerance = 0.05;
   // How much cheaper per request the larger batch must be for the lookahead to weigh it.
   static constexpr double lookahead_gain = 0.98;
@@ -573,14 +577,18 @@ class AdaptiveState {
     if (m_.predicted != nullptr) m_.predicted->set(p.predicted_p95_s);
   }
 
-  // A plan: every (window, size) candidate of the grid simulated at `rate` on a snapshot
-  // of the learned cost table; the one with the lowest objective wins: the p95 over its
-  // target, or the p99 over its target when a p99 target is set and that is worse. Ties go
-  // to the smaller window, then the smaller size. The search is exact but cut short where
-  // it cannot change the answer: the plan in force (its grid cell) is simulated first, a
-  // candidate is abandoned as soon as more of its requests exceed the best objective so
-  // far than the percentile allows, and sizes that cannot keep up with the rate on the
-  // lanes are skipped (when some size can).
+  // A plan: the (window, size) candidates of the grid simulated at `rate` on a snapshot of
+  // the learned cost table, each scored by its tail: the p95 over its target, or the p99
+  // over its target when a p99 target is set and that is worse. The cell of the plan made
+  // for the nearest rate (the plan in force, or a remembered one) runs first and always to
+  // the end; then the grid in order (window by window from the shortest, each with its
+  // sizes from the smallest), each candidate abandoned as soon as more of its requests
+  // exceed the lowest tail so far than the percentile allows. So the candidates that run
+  // to the end are that first cell and each one that matched or lowered the lowest tail;
+  // finish_job picks among them (the cheapest within tail_tolerance of the lowest). The
+  // lowest tail itself is exact over the grid: neither the cut nor skipping a candidate
+  // that would play out as one already run changes it. Sizes that cannot keep up with
+  // the rate on the lanes are left out (when some size can).
   void start_job(double rate, std::int64_t bucket) noexcept {
     job_ = PlanJob{};
     job_.active = true;
@@ -664,7 +672,9 @@ class AdaptiveState {
         --budget;
         continue;
       }
-      // Beyond these the candidate cannot beat the best so far.
+      // Beyond these the candidate's tail is above the lowest so far: it is abandoned (see
+      // start_job; its tail could still be within tail_tolerance of the lowest, but the
+      // objective counts only the candidates that ran to the end).
       const double cut95 = job_.best_score * p95_target;
       const double cut99 =
           p99_target > 0.0 ? job_.best_score * p99_target : std::numeric_limits<double>::infinity();
@@ -760,8 +770,9 @@ class AdaptiveState {
 
   void finish_job() noexcept {
     job_.active = false;
-    // The objective: within tail_tolerance of the lowest tail, the least lane time per
-    // request; then the lower tail; then the candidate earlier in the grid.
+    // The objective, over the candidates that ran to the end (see start_job): within
+    // tail_tolerance of the lowest tail, the least lane time per request; then the lower
+    // tail; then the candidate earlier in the grid.
     const Candidate* pick = nullptr;
     for (std::size_t i = 0; i < job_done_count_; ++i) {
       const Candidate& c = job_done_[i];
