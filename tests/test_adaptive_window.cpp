@@ -293,6 +293,65 @@ TEST_CASE(
       CHECK(heavy.predict(hp.rate_rps, 2, b, w).predicted_p95_s >= hp.predicted_p95_s - 1e-9);
 }
 
+TEST_CASE(
+    "AdaptiveWindow: at light load a tail a fraction of a model call higher buys a cheaper "
+    "plan; near capacity it does not",
+    "[adaptive]") {
+  // A model on one lane whose call costs 1 ms plus 800 us a request. Under a 50 ms target
+  // the slack is min(0.15 x L(1), 0.5 % of the target) = 0.25 ms.
+  const auto cost = [](std::size_t b) {
+    return std::chrono::nanoseconds(1ms) + std::chrono::nanoseconds(800us) * b;
+  };
+  const double l1 = 0.0018, slack = std::min(0.15 * l1, 0.005 * 0.050);
+  // The lowest p95 the planner's grid offers at `rate` (its windows are fractions of L(1)).
+  const auto lowest = [](const AdaptiveWindow& p, double rate, double l1) {
+    double low = 1e300;
+    for (double f : {0.0, 0.025, 0.05, 0.1, 0.15, 0.25, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0})
+      for (std::size_t b : {1u, 2u, 3u, 4u, 6u, 8u, 12u, 16u, 24u, 32u})
+        low = std::min(
+            low, p.predict(rate, 1, b,
+                           std::chrono::duration_cast<BatchDuration>(
+                               std::chrono::duration<double>(f * l1)))
+                     .predicted_p95_s);
+    return low;
+  };
+  ManualClock clock;
+  // 300 requests/s: one request at a time keeps the lane 37 % busy (light load).
+  const AdaptiveWindow light(config(50ms, 32));
+  teach(light, cost, 32, 4, clock.now());  // the model first: the plans below are made on it
+  drive_arrivals(light, clock, 1500, 3333us, 1);
+  teach(light, cost, 32, 16, clock.now());
+  const AdaptivePlan lp = light.plan();
+  REQUIRE(lp.rate_rps == Approx(300.0).epsilon(0.05));
+  const double light_low = lowest(light, lp.rate_rps, l1);
+  INFO("light: plan " << lp.batch << " / " << ms(lp.window) << " ms, p95 "
+                      << lp.predicted_p95_s * 1e3 << " ms, lowest " << light_low * 1e3 << " ms");
+  CHECK(lp.predicted_p95_s <= light_low + slack + 1e-9);
+  // More than tail_tolerance (5 % of the lowest) alone would have spent: a window that
+  // batches.
+  CHECK(lp.predicted_p95_s > 1.05 * light_low);
+  CHECK(lp.window > 0ms);
+
+  // A model whose batch of 32 costs twice a batch of one (1.2 ms plus 40 us a request) at
+  // 2000 requests/s: one at a time would need 2.5 lanes. The slack would be 0.186 ms, 7 %
+  // of the lowest tail, but this is not light load: the search cuts at the lowest tail, and
+  // here the plan with the lowest is the one it keeps (with the slack it would keep a
+  // longer window, 3 % above it).
+  const auto fast = [](std::size_t b) {
+    return std::chrono::nanoseconds(1200us) + std::chrono::nanoseconds(40us) * b;
+  };
+  const AdaptiveWindow heavy(config(50ms, 32));
+  teach(heavy, fast, 32, 4, clock.now());
+  drive_arrivals(heavy, clock, 8000, 500us, 1);
+  teach(heavy, fast, 32, 16, clock.now());
+  const AdaptivePlan hp = heavy.plan();
+  REQUIRE(hp.rate_rps == Approx(2000.0).epsilon(0.05));
+  const double heavy_low = lowest(heavy, hp.rate_rps, 0.00124);
+  INFO("heavy: plan " << hp.batch << " / " << ms(hp.window) << " ms, p95 "
+                      << hp.predicted_p95_s * 1e3 << " ms, lowest " << heavy_low * 1e3 << " ms");
+  CHECK(hp.predicted_p95_s <= heavy_low + 1e-9);
+}
+
 TEST_CASE("AdaptiveWindow: decide follows the plan: target size, then window, then the SLO guard",
           "[adaptive]") {
   ManualClock clock;

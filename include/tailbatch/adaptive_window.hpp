@@ -27,8 +27,12 @@
 // for the nearest rate, tried first, and each pair that matched or lowered the lowest tail
 // found so far (the others are cut short as soon as they are worse than it): in effect the
 // plan in force stays while its tail is within 5 % of the lowest, unless a pair found on
-// the way there is cheaper. Plans are remembered per rate, so a load that comes back costs
-// nothing to plan again.
+// the way there is cheaper. At light load (a rate at most 1.5x what the lanes serve one
+// request at a time) a pair up to min(0.15 x the cost of a batch of one, 0.5 % of the
+// target) above the lowest tail counts as as fast too, and the search runs such pairs to
+// the end: there a window a fraction of a model call long batches requests that would
+// otherwise each pay a call. Plans are remembered per rate, so a load that comes back
+// costs nothing to plan again.
 //
 // Planning cost, and its bound. Planning runs in on_batch_executed (which the Pipeline
 // calls after the batch's completions, so they never wait for it), never in decide(), and

@@ -87,6 +87,17 @@ class AdaptiveState {
   // the grid, with the cut below at the lowest tail plus this fraction, it missed the
   // simulated goal: see docs/adaptive-window.md.)
   static constexpr double tail_tolerance = 0.05;
+  // At light load (a rate at most light_load times what the lanes serve one request at a
+  // time), a plan whose tail is above the lowest by at most light_slack x the cost of a
+  // batch of one, and by at most light_room of the target, counts as equally good for
+  // latency too, and the search runs such plans to the end. There the lowest tail is a
+  // model call plus little queueing, and a window a fraction of that call long batches
+  // requests that would otherwise each cost a call; light_room keeps the rise one the
+  // target cannot see (the simulated goals, p95 within 5 % of the best static setting,
+  // hold: docs/adaptive-window.md).
+  static constexpr double light_load = 1.5;
+  static constexpr double light_slack = 0.15;
+  static constexpr double light_room = 0.005;
   // How much cheaper per request the larger batch must be for the lookahead to weigh it.
   static constexpr double lookahead_gain = 0.98;
   // How much cheaper per request a larger batch must be for the keep-up and backlog rules
@@ -351,6 +362,7 @@ class AdaptiveState {
     std::size_t top_count = 0;  // latencies in job_top_
     AdaptivePlan best{};
     double best_score = std::numeric_limits<double>::infinity();
+    double slack = 0.0;  // at light load, the rise of the tail (in score) still as good
     std::size_t best_index = 0;
   };
   // A candidate that ran to the end, as the objective weighs it.
@@ -583,8 +595,9 @@ class AdaptiveState {
   // for the nearest rate (the plan in force, or a remembered one) runs first and always to
   // the end; then the grid in order (window by window from the shortest, each with its
   // sizes from the smallest), each candidate abandoned as soon as more of its requests
-  // exceed the lowest tail so far than the percentile allows. So the candidates that run
-  // to the end are that first cell and each one that matched or lowered the lowest tail;
+  // exceed the lowest tail so far (at light load, plus the slack: light_load) than the
+  // percentile allows. So the candidates that run to the end are that first cell and each
+  // one that matched or lowered the lowest tail (or came within the slack of it);
   // finish_job picks among them (the cheapest within tail_tolerance of the lowest). The
   // lowest tail itself is exact over the grid: neither the cut nor skipping a candidate
   // that would play out as one already run changes it. Sizes that cannot keep up with
@@ -612,6 +625,12 @@ class AdaptiveState {
     }
     for (const std::size_t b : batch_grid_) {
       if (feasible(b)) job_.any_feasible = true;
+    }
+    if (rate * job_table_[1] <= light_load * static_cast<double>(lanes_)) {
+      // In score units, against the larger target (the p99's, when set), so that neither
+      // percentile may rise by more than light_slack x L(1).
+      const double target = std::chrono::duration<double>(std::max(slo_p95_, slo_p99_)).count();
+      job_.slack = std::min(light_slack * job_table_[1] / target, light_room);
     }
     job_.best.batch = cap_;
     job_.best.rate_rps = rate;
@@ -672,12 +691,14 @@ class AdaptiveState {
         --budget;
         continue;
       }
-      // Beyond these the candidate's tail is above the lowest so far: it is abandoned (see
-      // start_job; its tail could still be within tail_tolerance of the lowest, but the
-      // objective counts only the candidates that ran to the end).
-      const double cut95 = job_.best_score * p95_target;
+      // Beyond these the candidate's tail is above the lowest so far (plus the light-load
+      // slack): it is abandoned (see start_job; its tail could still be within
+      // tail_tolerance of the lowest, but the objective counts only the candidates that
+      // ran to the end).
+      const double cut = job_.best_score + job_.slack;
+      const double cut95 = cut * p95_target;
       const double cut99 =
-          p99_target > 0.0 ? job_.best_score * p99_target : std::numeric_limits<double>::infinity();
+          p99_target > 0.0 ? cut * p99_target : std::numeric_limits<double>::infinity();
       const double scale = 1.0 / job_.rate;
       bool abandoned = false;
       while (job_.h < n && budget > 0) {
@@ -771,12 +792,15 @@ class AdaptiveState {
   void finish_job() noexcept {
     job_.active = false;
     // The objective, over the candidates that ran to the end (see start_job): within
-    // tail_tolerance of the lowest tail, the least lane time per request; then the lower
-    // tail; then the candidate earlier in the grid.
+    // tail_tolerance of the lowest tail (or the light-load slack above it, the larger), the
+    // least lane time per request; then the lower tail; then the candidate earlier in the
+    // grid.
+    const double bound =
+        std::max(job_.best_score * (1.0 + tail_tolerance), job_.best_score + job_.slack);
     const Candidate* pick = nullptr;
     for (std::size_t i = 0; i < job_done_count_; ++i) {
       const Candidate& c = job_done_[i];
-      if (c.score > job_.best_score * (1.0 + tail_tolerance) + 1e-12) continue;
+      if (c.score > bound + 1e-12) continue;
       const bool better = pick == nullptr || c.per_request < pick->per_request * (1.0 - 1e-9) ||
                           (c.per_request <= pick->per_request * (1.0 + 1e-9) &&
                            (c.score < pick->score * (1.0 - 1e-9) ||
