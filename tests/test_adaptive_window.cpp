@@ -295,7 +295,7 @@ TEST_CASE(
 
 TEST_CASE(
     "AdaptiveWindow: at light load a tail a fraction of a model call higher buys a cheaper "
-    "plan; near capacity it does not",
+    "plan; above light load it does not",
     "[adaptive]") {
   // A model on one lane whose call costs 1 ms plus 800 us a request. Under a 50 ms target
   // the slack is min(0.15 x L(1), 0.5 % of the target) = 0.25 ms.
@@ -304,19 +304,19 @@ TEST_CASE(
   };
   const double l1 = 0.0018, slack = std::min(0.15 * l1, 0.005 * 0.050);
   // The lowest p95 the planner's grid offers at `rate` (its windows are fractions of L(1)).
-  const auto lowest = [](const AdaptiveWindow& p, double rate, double l1) {
+  const auto lowest = [](const AdaptiveWindow& p, double rate, double call) {
     double low = 1e300;
     for (double f : {0.0, 0.025, 0.05, 0.1, 0.15, 0.25, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0})
       for (std::size_t b : {1u, 2u, 3u, 4u, 6u, 8u, 12u, 16u, 24u, 32u})
         low = std::min(
             low, p.predict(rate, 1, b,
                            std::chrono::duration_cast<BatchDuration>(
-                               std::chrono::duration<double>(f * l1)))
+                               std::chrono::duration<double>(f * call)))
                      .predicted_p95_s);
     return low;
   };
   ManualClock clock;
-  // 300 requests/s: one request at a time keeps the lane 37 % busy (light load).
+  // 300 requests/s: one request at a time keeps the lane 54 % busy (light load).
   const AdaptiveWindow light(config(50ms, 32));
   teach(light, cost, 32, 4, clock.now());  // the model first: the plans below are made on it
   drive_arrivals(light, clock, 1500, 3333us, 1);
