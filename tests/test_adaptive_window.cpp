@@ -4,6 +4,7 @@
 // load. Time comes from a ManualClock: the views are built by hand at chosen times, or
 // the simulator drives the policy.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -181,6 +182,35 @@ TEST_CASE("AdaptiveWindow: a cost that is not linear is followed piecewise where
     q.on_batch_executed(feedback(9, 26ms));
   }
   CHECK(q.estimate_seconds(5) == Approx(0.018).epsilon(0.01));
+}
+
+TEST_CASE(
+    "AdaptiveWindow: a cost that flattens at the largest size seen extrapolates to cheaper larger "
+    "batches",
+    "[adaptive]") {
+  // Sizes 1..8 only, 300 us a request up to 6, then flatter: 2.0 ms at 7, 2.1 ms at 8. The
+  // fitted line (about 0.09 ms + 0.27 ms x b) lies above the mean at 8; extended from
+  // there with the line's slope, a batch of 32 would cost more per request than one of 8
+  // (0.267 against 0.2625 ms): with a plan whose target is 8, a backlog would go 8 at a
+  // time, and the larger sizes would never be run and measured (a live run stuck at
+  // batches of 8 at a rate they cannot serve, where the fixed window sent 23 on average).
+  const auto flattening = [](std::size_t b) -> std::chrono::nanoseconds {
+    constexpr std::array<std::int64_t, 9> us{0, 300, 600, 900, 1200, 1500, 1800, 2000, 2100};
+    return std::chrono::microseconds(us[b]);
+  };
+  ManualClock clock;
+  const AdaptiveWindow p(config(50ms, 32));
+  drive_arrivals(p, clock, 2000, 1ms, 1);  // 1000 requests/s on one lane
+  teach(p, flattening, 8, 128, clock.now());  // enough batches for a plan to finish
+  CHECK(p.estimate_seconds(8) == Approx(0.0021).epsilon(0.01));
+  const double per8 = p.estimate_seconds(8) / 8.0;
+  CHECK(p.estimate_seconds(16) / 16.0 < per8);
+  CHECK(p.estimate_seconds(32) / 32.0 < 0.98 * per8);
+  // Not below what the sizes seen say a request costs at the margin (0.1-0.3 ms).
+  CHECK(p.estimate_seconds(32) - p.estimate_seconds(8) > 24 * 0.0001);
+  // The lane free, 40 queued: a batch at the cap, as the fixed window at the cap sends.
+  auto many = queue_of(40, clock.now(), 5us);
+  CHECK(p.decide(view_of(many, clock.now(), 1)).count == 32);
 }
 
 TEST_CASE("AdaptiveWindow: one stall does not move the model; a drifting model is followed",

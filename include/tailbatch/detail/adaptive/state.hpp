@@ -465,7 +465,8 @@ class AdaptiveState {
 
   // Rebuilds the cost table from the per-size means: a weighted least-squares line over
   // the sizes seen, the means themselves where a size has enough samples, linear
-  // interpolation between such sizes, and the line's slope beyond them.
+  // interpolation between such sizes, and the line's slope beyond them (scaled down where the
+  // largest such size lies below the line).
   void refit() noexcept {
     double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
     std::size_t seen = 0;
@@ -523,8 +524,16 @@ class AdaptiveState {
       for (std::size_t b = 1; b <= cap_; ++b)
         table_[b] = intercept + slope * static_cast<double>(b);
     } else {
+      // Beyond the largest trusted size the line's slope, scaled down where that size's
+      // mean lies below the line (a cost that flattens as batches grow): there the line's
+      // slope would make each request of a larger batch cost more than one of that size,
+      // the sizes above would never be tried, and their real cost never learned. Scaled,
+      // the extension keeps the line's shape from that size up (cost per request falling
+      // with size whenever the line's intercept is above zero).
+      const double on_line = intercept + slope * static_cast<double>(prev);
+      const double k = on_line > 0.0 ? std::min(1.0, table_[prev] / on_line) : 1.0;
       for (std::size_t b = prev + 1; b <= cap_; ++b)
-        table_[b] = table_[prev] + slope * static_cast<double>(b - prev);
+        table_[b] = table_[prev] + k * slope * static_cast<double>(b - prev);
     }
     // Never free, never cheaper than a smaller batch.
     table_[1] = std::max(table_[1], 1e-9);
