@@ -16,6 +16,11 @@
 //
 //   before_after_demo [--out DIR] [--quick] [--slo-p95-ms 50] [--window-ms 0.5] [--max-batch 32]
 //                     [--rates 800,1600,...] [--results FILE] [--adaptive-first]
+//                     [--step-s 2.5] [--control]
+//
+// --control runs a second fixed window (the same max_batch and window) in the adaptive
+// window's place: an A/A run, whose "met/missed" line shows how far two runs of one setup
+// differ on this machine, the noise floor under the adaptive window's goals.
 //
 // The window: the latency field guide's 2-10 ms is for a model that takes ~20 ms per batch; the
 // reference classifier takes ~1 ms at batch 1 on a CPU, so the demo scales the window down with it.
@@ -325,6 +330,15 @@ int main(int argc, char** argv) {
   app.add_flag("--adaptive-first", adaptive_first,
                "at the first rate (and every other one) run the adaptive window before the "
                "fixed one (default: the fixed one first; they alternate from rate to rate)");
+  double step_s = 0.0;
+  app.add_option("--step-s", step_s,
+                 "seconds each measured step runs (default 2.5, 1.2 with --quick); longer steps "
+                 "give steadier p95s")
+      ->check(CLI::Range(0.5, 120.0));
+  bool control = false;
+  app.add_flag("--control", control,
+               "an A/A run: a second fixed window in the adaptive window's place, to measure how "
+               "far two runs of one setup differ on this machine");
   app.add_option("--lanes", lanes_n, "host lanes (worker threads running the model)")
       ->capture_default_str()
       ->check(CLI::Range(1, 16));
@@ -368,7 +382,9 @@ int main(int argc, char** argv) {
     rates = fixed_rates;
     std::sort(rates.begin(), rates.end());
   }
-  const nanoseconds step = quick ? milliseconds(1200) : milliseconds(2500);
+  const nanoseconds step =
+      step_s > 0 ? duration_cast<nanoseconds>(duration<double>(step_s))
+                 : nanoseconds(quick ? milliseconds(1200) : milliseconds(2500));
   const nanoseconds warmup = quick ? milliseconds(300) : milliseconds(500);
 
   fmt::print(
@@ -398,6 +414,7 @@ int main(int argc, char** argv) {
   ac.slo_p95 = duration_cast<nanoseconds>(duration<double, std::milli>(slo_ms));
   ac.max_batch = max_batch;
   Setup adaptive{"adaptive", max_batch, nanoseconds(0), {}, {}, tailbatch::AdaptiveWindow(ac)};
+  if (control) adaptive = Setup{"control", max_batch, window, {}, {}, {}};
   run_interleaved(before, after, adaptive, rates, model, corpus, lanes_n, slo_ms, step, warmup,
                   adaptive_first);
 
@@ -406,12 +423,22 @@ int main(int argc, char** argv) {
   fmt::print("\nAFTER: dynamic batching (FixedWindow max_batch {}, window {} ms)\n", max_batch,
              window_ms);
   print_setup(after);
-  const tailbatch::AdaptiveCostModel learned = adaptive.adaptive->cost_model();
-  const tailbatch::AdaptivePlan plan = adaptive.adaptive->plan();
-  fmt::print("\nADAPTIVE: AdaptiveWindow (p95 target {} ms, max_batch {}; nothing else set)\n",
-             slo_ms, max_batch);
+  const tailbatch::AdaptiveCostModel learned =
+      adaptive.adaptive ? adaptive.adaptive->cost_model() : tailbatch::AdaptiveCostModel{};
+  const tailbatch::AdaptivePlan plan =
+      adaptive.adaptive ? adaptive.adaptive->plan() : tailbatch::AdaptivePlan{};
+  if (control) {
+    fmt::print("\nCONTROL: a second FixedWindow (max_batch {}, window {} ms), in the adaptive "
+               "window's place\n",
+               max_batch, window_ms);
+  } else {
+    fmt::print("\nADAPTIVE: AdaptiveWindow (p95 target {} ms, max_batch {}; nothing else set)\n",
+               slo_ms, max_batch);
+  }
   print_setup(adaptive);
-  if (learned.samples == 0) {
+  if (control) {
+    // no policy state to show
+  } else if (learned.samples == 0) {
     fmt::print(
         "  (this Pipeline reported no executed batches to the policy, so it stayed at its cold "
         "start: a zero "
@@ -434,7 +461,7 @@ int main(int argc, char** argv) {
       "\nBEFORE vs AFTER at the same offered load (p50/p95 in ms, cost in process CPU ms per "
       "request)\n");
   fmt::print("  {:>8} {:>16} {:>18} {:>8} {:>16} {:>8} {:>13}  {}\n", "offered", "p50 before/after",
-             "p95 before/after", "p95", "cost before/after", "cost", "adaptive p95",
+             "p95 before/after", "p95", "cost before/after", "cost", adaptive.name + " p95",
              "mini challenge");
   for (std::size_t i = 0; i < common; ++i) {
     const auto& b = before.rows[i];
@@ -476,14 +503,19 @@ int main(int argc, char** argv) {
     fmt::print(
         "          (the highest rate tried; the window's real saturation point lies above it)\n");
   const double sat_ad = adaptive.saturation ? adaptive.rows[*adaptive.saturation].offered : 0.0;
-  fmt::print("  adaptive: {}\n", adaptive.saturation
+  fmt::print("  {}: {}\n", adaptive.name, adaptive.saturation
                                      ? fmt::format("{:.0f} rps", sat_ad)
                                      : std::string("none (even the lowest rate missed the SLO)"));
 
   // Adaptive against the fixed window it ran beside, rate by rate, held to the goals of
   // docs/adaptive-window.md: where both meet the SLO, p95 within 10 % of the fixed
   // window's (or lower); at every rate both ran, CPU per request within 5 %.
-  fmt::print("\nadaptive vs the fixed window (the best fixed setting this demo ran): ");
+  if (control) {
+    fmt::print("\ncontrol (a second fixed window) vs the fixed window, held to the adaptive window's "
+               "goals: ");
+  } else {
+    fmt::print("\nadaptive vs the fixed window (the best fixed setting this demo ran): ");
+  }
   {
     std::vector<std::string> missed;
     std::size_t compared = 0, met_n = 0;
@@ -520,12 +552,12 @@ int main(int argc, char** argv) {
       for (const auto& m : missed) list += (list.empty() ? "" : ", ") + m;
       fmt::print("met at {} of {} rates; MISSED at {}.\n", met_n, compared, list);
     }
-    fmt::print("  saturation: adaptive {}, fixed window {}{}.\n",
+    fmt::print("  saturation: {} {}, fixed window {}{}.\n", adaptive.name,
                adaptive.saturation ? fmt::format("{:.0f} rps", sat_ad) : std::string("none"),
                after.saturation ? fmt::format("{:.0f} rps", sat_a) : std::string("none"),
                adaptive.saturation && after.saturation
-                   ? (sat_ad >= sat_a ? std::string(" (adaptive met or exceeded it)")
-                                      : std::string(" (adaptive missed it)"))
+                   ? (sat_ad >= sat_a ? fmt::format(" ({} met or exceeded it)", adaptive.name)
+                                      : fmt::format(" ({} missed it)", adaptive.name))
                    : std::string());
   }
   if (!results_path.empty()) {
@@ -618,7 +650,7 @@ int main(int argc, char** argv) {
   tailbatch::add_sweep_latency_series(lat, sa, fmt::format("window {} ms", window_ms), "#1f77b4",
                                       true, false);
   const auto sad = as_sweep(adaptive, slo_ms);
-  tailbatch::add_sweep_latency_series(lat, sad, "adaptive", "#2ca02c", true, false);
+  tailbatch::add_sweep_latency_series(lat, sad, adaptive.name, "#2ca02c", true, false);
   lat.horizontal.push_back({slo_ms, fmt::format("SLO p95 {} ms", slo_ms), "#b22222"});
   if (before.saturation)
     lat.vertical.push_back({sat_b, fmt::format("batch 1 saturates: {:.0f} rps", sat_b), "#d62728"});
@@ -626,7 +658,7 @@ int main(int argc, char** argv) {
     lat.vertical.push_back({sat_a, fmt::format("window saturates: {:.0f} rps", sat_a), "#1f77b4"});
   if (adaptive.saturation)
     lat.vertical.push_back(
-        {sat_ad, fmt::format("adaptive saturates: {:.0f} rps", sat_ad), "#2ca02c"});
+        {sat_ad, fmt::format("{} saturates: {:.0f} rps", adaptive.name, sat_ad), "#2ca02c"});
   tailbatch::LinePlot cost;
   cost.title = "Cost per request before and after dynamic batching";
   cost.subtitle = sub;
@@ -637,13 +669,13 @@ int main(int argc, char** argv) {
     tailbatch::PlotSeries ps;
     ps.name = s == &before  ? "batch 1"
               : s == &after ? fmt::format("window {} ms", window_ms)
-                            : std::string("adaptive");
+                            : adaptive.name;
     ps.color = s == &before ? "#d62728" : s == &after ? "#1f77b4" : "#2ca02c";
     for (const auto& r : s->rows) ps.points.push_back({r.offered, r.cpu_ms_per_req});
     cost.series.push_back(ps);
   }
   auto thr = tailbatch::throughput_vs_load_plot(
-      {&sb, &sa, &sad}, {"batch 1", fmt::format("window {} ms", window_ms), "adaptive"},
+      {&sb, &sa, &sad}, {"batch 1", fmt::format("window {} ms", window_ms), adaptive.name},
       "Throughput before and after dynamic batching", sub);
   thr.series[0].color = "#d62728";
   thr.series[1].color = "#1f77b4";

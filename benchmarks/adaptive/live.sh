@@ -6,7 +6,8 @@
 #   - CPU per request: adaptive <= 1.05 x the fixed window's, at every rate both ran;
 #   - saturation: adaptive >= the fixed window's.
 #
-#   benchmarks/adaptive/live.sh [--json] [--runs 3] [--quick] [--build build/default] [-- DEMO ARGS]
+#   benchmarks/adaptive/live.sh [--json] [--runs 3] [--quick] [--control] [--build build/default]
+#                               [-- DEMO ARGS]
 #
 # The first run picks the rates (from the measured capacity); the others run the same
 # rates (--rates). Each demo run interleaves its setups (at each rate: batching off, then
@@ -19,15 +20,22 @@
 # miss) counts as missed for it. LIVE_RUN_PREFIX, when set, is put
 # before each demo run (e.g. a command that waits for a quiet machine). Exit status 1 when
 # a goal is missed.
+#
+# --control is the A/A run: the demo's --control puts a second fixed window in the adaptive
+# window's place, and the same goals are applied to it. Two runs of one setup differ by
+# the machine's noise alone, so what a control run misses is the floor under what the
+# adaptive run can be held to here (the "adapt" columns then hold the control's figures).
+# -- DEMO ARGS go to every demo run, e.g. -- --step-s 6 for longer measured steps.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-json=0 runs=3 build=build/default quick=()
+json=0 runs=3 build=build/default quick=() control=()
 demo_args=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --json) json=1; shift ;;
     --runs) runs=$2; shift 2 ;;
     --quick) quick=(--quick); shift ;;
+    --control) control=(--control); shift ;;
     --build) build=$2; shift 2 ;;
     --) shift; demo_args=("$@"); break ;;
     *) echo "live.sh: unknown argument $1" >&2; exit 2 ;;
@@ -44,7 +52,7 @@ for ((i = 1; i <= runs; i++)); do
   extra=()
   [[ ${#rates[@]} -gt 0 ]] && extra=(--rates "$(IFS=,; echo "${rates[*]}")")
   ((i % 2 == 0)) && extra+=(--adaptive-first)
-  "${prefix[@]}" "$demo" "${quick[@]}" "${demo_args[@]}" "${extra[@]}" --out "$work/plots" \
+  "${prefix[@]}" "$demo" "${quick[@]}" "${control[@]}" "${demo_args[@]}" "${extra[@]}" --out "$work/plots" \
     --results "$work/run$i.jsonl" >"$work/run$i.txt" 2>"$work/run$i.err"
   if [[ ${#rates[@]} -eq 0 ]]; then
     mapfile -t rates < <(python3 -c 'import json,sys
@@ -52,13 +60,14 @@ for l in open(sys.argv[1]):
     o = json.loads(l)
     if "rate" in o: print(int(o["rate"]))' "$work/run$i.jsonl")
   fi
-  [[ $json == 1 ]] || grep -E "^adaptive vs the fixed window|^  saturation: adaptive" "$work/run$i.txt" | sed "s/^/run $i: /"
+  [[ $json == 1 ]] || grep -E "^(adaptive|control \(a second fixed window\)) vs the fixed window|^  saturation: (adaptive|control)" "$work/run$i.txt" | sed "s/^/run $i: /"
 done
 
-python3 - "$json" "$work"/run*.jsonl <<'PY'
+python3 - "$json" "${#control[@]}" "$work"/run*.jsonl <<'PY'
 import json, statistics, sys
 as_json = sys.argv[1] == "1"
-runs = [[json.loads(l) for l in open(f) if l.strip()] for f in sys.argv[2:]]
+is_control = sys.argv[2] != "0"
+runs = [[json.loads(l) for l in open(f) if l.strip()] for f in sys.argv[3:]]
 def med(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
@@ -98,7 +107,8 @@ if as_json:
     print(json.dumps(last))
 else:
     def f(x, d=2): return "-" if x is None else f"{x:.{d}f}"
-    print(f"\nmedians of {len(runs)} runs of before_after_demo")
+    print(f"\nmedians of {len(runs)} runs of before_after_demo"
+          + (" --control (A/A: the \"adapt\" columns are a second fixed window)" if is_control else ""))
     print(f"{'rate':>7} {'fixed p95':>10} {'adapt p95':>10} {'ratio':>6} {'fixed CPU':>10} {'adapt CPU':>10} {'ratio':>6} {'fixed':>6} {'adapt':>6}  verdict")
     for row, v in zip(rows, verdicts):
         r1 = row["adaptive_p95_ms"] / row["fixed_p95_ms"] if row["adaptive_p95_ms"] and row["fixed_p95_ms"] else None
