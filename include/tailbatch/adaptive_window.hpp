@@ -6,7 +6,8 @@
 //   * the model's cost per batch size, from the lanes' measured execution times
 //     (BatchFeedback, which the Pipeline and the simulator hand to on_batch_executed):
 //     a robust running mean per batch size, interpolated piecewise-linearly between the
-//     sizes it has seen and extrapolated beyond them by a weighted least-squares line;
+//     sizes it has seen and extrapolated beyond them by a weighted least-squares line's
+//     slope (scaled down where the largest trusted size's mean lies below the line);
 //   * the arrival rate, by counting the requests queued and dispatched (stamped with the
 //     newest arrival when the view shows the whole queue), over the last 1024 arrivals
 //     or, when the last 64 tell of a change of load (against the count since the last
