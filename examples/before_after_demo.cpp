@@ -382,9 +382,9 @@ int main(int argc, char** argv) {
     rates = fixed_rates;
     std::sort(rates.begin(), rates.end());
   }
-  const nanoseconds step =
-      step_s > 0 ? duration_cast<nanoseconds>(duration<double>(step_s))
-                 : nanoseconds(quick ? milliseconds(1200) : milliseconds(2500));
+  const nanoseconds step = step_s > 0
+                               ? duration_cast<nanoseconds>(duration<double>(step_s))
+                               : nanoseconds(quick ? milliseconds(1200) : milliseconds(2500));
   const nanoseconds warmup = quick ? milliseconds(300) : milliseconds(500);
 
   fmt::print(
@@ -428,9 +428,10 @@ int main(int argc, char** argv) {
   const tailbatch::AdaptivePlan plan =
       adaptive.adaptive ? adaptive.adaptive->plan() : tailbatch::AdaptivePlan{};
   if (control) {
-    fmt::print("\nCONTROL: a second FixedWindow (max_batch {}, window {} ms), in the adaptive "
-               "window's place\n",
-               max_batch, window_ms);
+    fmt::print(
+        "\nCONTROL: a second FixedWindow (max_batch {}, window {} ms), in the adaptive "
+        "window's place\n",
+        max_batch, window_ms);
   } else {
     fmt::print("\nADAPTIVE: AdaptiveWindow (p95 target {} ms, max_batch {}; nothing else set)\n",
                slo_ms, max_batch);
@@ -503,16 +504,17 @@ int main(int argc, char** argv) {
     fmt::print(
         "          (the highest rate tried; the window's real saturation point lies above it)\n");
   const double sat_ad = adaptive.saturation ? adaptive.rows[*adaptive.saturation].offered : 0.0;
-  fmt::print("  {}: {}\n", adaptive.name, adaptive.saturation
-                                     ? fmt::format("{:.0f} rps", sat_ad)
-                                     : std::string("none (even the lowest rate missed the SLO)"));
+  fmt::print("  {}: {}\n", adaptive.name,
+             adaptive.saturation ? fmt::format("{:.0f} rps", sat_ad)
+                                 : std::string("none (even the lowest rate missed the SLO)"));
 
   // Adaptive against the fixed window it ran beside, rate by rate, held to the goals of
   // docs/adaptive-window.md: where both meet the SLO, p95 within 10 % of the fixed
   // window's (or lower); at every rate both ran, CPU per request within 5 %.
   if (control) {
-    fmt::print("\ncontrol (a second fixed window) vs the fixed window, held to the adaptive window's "
-               "goals: ");
+    fmt::print(
+        "\ncontrol (a second fixed window) vs the fixed window, held to the adaptive window's "
+        "goals: ");
   } else {
     fmt::print("\nadaptive vs the fixed window (the best fixed setting this demo ran): ");
   }

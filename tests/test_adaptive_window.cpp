@@ -200,7 +200,7 @@ TEST_CASE(
   };
   ManualClock clock;
   const AdaptiveWindow p(config(50ms, 32));
-  drive_arrivals(p, clock, 2000, 1ms, 1);  // 1000 requests/s on one lane
+  drive_arrivals(p, clock, 2000, 1ms, 1);     // 1000 requests/s on one lane
   teach(p, flattening, 8, 128, clock.now());  // enough batches for a plan to finish
   CHECK(p.estimate_seconds(8) == Approx(0.0021).epsilon(0.01));
   const double per8 = p.estimate_seconds(8) / 8.0;
