@@ -423,10 +423,6 @@ int main(int argc, char** argv) {
   fmt::print("\nAFTER: dynamic batching (FixedWindow max_batch {}, window {} ms)\n", max_batch,
              window_ms);
   print_setup(after);
-  const tailbatch::AdaptiveCostModel learned =
-      adaptive.adaptive ? adaptive.adaptive->cost_model() : tailbatch::AdaptiveCostModel{};
-  const tailbatch::AdaptivePlan plan =
-      adaptive.adaptive ? adaptive.adaptive->plan() : tailbatch::AdaptivePlan{};
   if (control) {
     fmt::print(
         "\nCONTROL: a second FixedWindow (max_batch {}, window {} ms), in the adaptive "
@@ -437,20 +433,20 @@ int main(int argc, char** argv) {
                slo_ms, max_batch);
   }
   print_setup(adaptive);
-  if (control) {
-    // no policy state to show
-  } else if (learned.samples == 0) {
-    fmt::print(
-        "  (this Pipeline reported no executed batches to the policy, so it stayed at its cold "
-        "start: a zero "
-        "window with the cap)\n");
-  } else {
-    fmt::print(
-        "  learned from {} batches: L(b) = {:.3f} ms + {:.4f} ms x b; last plan: window {:.2f} ms, "
-        "batch {}, "
-        "for {:.0f} rps\n",
-        learned.samples, learned.intercept_s * 1e3, learned.slope_s * 1e3,
-        duration<double, std::milli>(plan.window).count(), plan.batch, plan.rate_rps);
+  if (adaptive.adaptive) {
+    const tailbatch::AdaptiveCostModel learned = adaptive.adaptive->cost_model();
+    const tailbatch::AdaptivePlan plan = adaptive.adaptive->plan();
+    if (learned.samples == 0) {
+      fmt::print(
+          "  (this Pipeline reported no executed batches to the policy, so it stayed at its cold "
+          "start: a zero window with the cap)\n");
+    } else {
+      fmt::print(
+          "  learned from {} batches: L(b) = {:.3f} ms + {:.4f} ms x b; last plan: window {:.2f} "
+          "ms, batch {}, for {:.0f} rps\n",
+          learned.samples, learned.intercept_s * 1e3, learned.slope_s * 1e3,
+          duration<double, std::milli>(plan.window).count(), plan.batch, plan.rate_rps);
+    }
   }
 
   // Before vs after at each rate both ran, each judged against the latency field guide's mini
