@@ -96,7 +96,7 @@ class AdaptiveState {
   // target cannot see (the simulated goals, p95 within 5 % of the best static setting,
   // hold: docs/adaptive-window.md).
   static constexpr double light_load = 1.5;
-  static constexpr double light_slack = 0.15;
+  static constexpr double light_slack = 0.05;
   static constexpr double light_room = 0.005;
   // How much cheaper per request the larger batch must be for the lookahead to weigh it.
   static constexpr double lookahead_gain = 0.98;
@@ -423,9 +423,21 @@ class AdaptiveState {
   }
 
   // Whether batches of `big` cost enough less per request than batches of `small` for the
-  // keep-up and backlog rules to send them (spread_gain; lookahead_gain on one lane).
+  // keep-up, one-lane and backlog rules to send them (spread_gain; lookahead_gain on one
+  // lane): by the cost table, or by the fitted line. A size's mean can hold a size down:
+  // the target, measured cheap, stays the target, and a larger size measured once under a
+  // neighbour's burst (or only extrapolated) is never run again to correct it (live, a
+  // lane stuck at batches of 12 below the rate where the fixed window sent 28). The line,
+  // over every size seen, is the steadier judge: with a cost per call (intercept > 0) a
+  // larger batch is cheaper per request, as the fixed window at the cap assumes; where
+  // batching buys nothing (the fit through the origin) it says so too.
   bool cheaper_per_request(std::size_t big, std::size_t small) const noexcept {
-    return cheaper_by(big, small, lanes_ == 1 ? lookahead_gain : spread_gain);
+    const double gain = lanes_ == 1 ? lookahead_gain : spread_gain;
+    const auto line = [this](std::size_t b) {
+      return intercept_ + slope_ * static_cast<double>(b);
+    };
+    return cheaper_by(big, small, gain) ||
+           line(big) * static_cast<double>(small) < gain * line(small) * static_cast<double>(big);
   }
 
   // The smallest size whose batches keep the lanes at most keep_up_load busy at `rate`
