@@ -387,8 +387,8 @@ TEST_CASE(
   // window).
   CHECK(lp.predicted_p95_s <= 1.05 * light_low + 1e-9);
   CHECK(lp.predicted_p95_s > 1.005 * light_low);
-  CHECK(lp.window > 0.1 * std::chrono::duration_cast<BatchDuration>(
-                              std::chrono::duration<double>(l1)));
+  CHECK(lp.window >
+        0.1 * std::chrono::duration_cast<BatchDuration>(std::chrono::duration<double>(l1)));
 
   // A model whose batch of 32 costs twice a batch of one (1.2 ms plus 40 us a request) at
   // 2000 requests/s: one at a time would need 2.5 lanes. The slack would be 0.062 ms, 2.4 %

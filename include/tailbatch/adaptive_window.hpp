@@ -63,7 +63,10 @@
 //                does drain it in time goes (the cap if none does). On one lane also
 //                when the lane frees with more than the target queued: all of it goes,
 //                up to the cap. "Cheaper" is by 20 % with several lanes (a larger batch
-//                takes work another lane could run) and by 2 % on one;
+//                takes work another lane could run) and by 2 % on one, by the cost table
+//                or by the fitted line (a size's mean can hold the target down: a size
+//                measured cheap stays the target and the cap, never run, is never
+//                measured);
 //   max_batch    the queue holds the hard cap;
 //   slo_guard    holding the oldest request any longer would leave less than its batch's
 //                cost plus a tenth of the SLO before the SLO (p95 target, or p99 if tighter);
