@@ -29,10 +29,11 @@
 // found so far (the others are cut short as soon as they are worse than it): in effect the
 // plan in force stays while its tail is within 5 % of the lowest, unless a pair found on
 // the way there is cheaper. At light load (a rate at most 1.5x what the lanes serve one
-// request at a time) a pair up to min(0.15 x the cost of a batch of one, 0.5 % of the
-// target) above the lowest tail counts as as fast too, and the search runs such pairs to
-// the end: there a window a fraction of a model call long batches requests that would
-// otherwise each pay a call. Plans are remembered per rate, so a load that comes back
+// request at a time) the search also runs to the end each pair up to min(0.05 x the cost
+// of a batch of one, 0.5 % of the target) above the lowest tail so far: there a window a
+// fraction of a model call long batches requests that would otherwise each pay a call,
+// and such pairs would otherwise be cut short before the cheapest within 5 % is found.
+// Plans are remembered per rate, so a load that comes back
 // costs nothing to plan again.
 //
 // Planning cost, and its bound. Planning runs in on_batch_executed (which the Pipeline
