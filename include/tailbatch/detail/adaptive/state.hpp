@@ -429,8 +429,8 @@ class AdaptiveState {
 
   // Whether batches of `big` cost enough less per request than batches of `small` for the
   // keep-up, one-lane and backlog rules to send them (spread_gain; lookahead_gain on one
-  // lane): by the cost table, or by the fitted line. A size's mean can hold a size down:
-  // the target, measured cheap, stays the target, and a larger size measured once under a
+  // lane): by the cost table, or by the fitted line. The means can hold the target down:
+  // the target, measured cheap, stays the target, and a larger size measured dear in a
   // neighbour's burst (or only extrapolated) is never run again to correct it (live, a
   // lane stuck at batches of 12 below the rate where the fixed window sent 28). The line,
   // over every size seen, is the steadier judge: with a cost per call (intercept > 0) a
