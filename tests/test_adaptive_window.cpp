@@ -644,8 +644,8 @@ TEST_CASE("AdaptiveWindow: a planning slice follows the cost of the batch that r
           "[adaptive]") {
   // The same problem at two time scales: Example 1 (batches of tens of ms) and the same
   // model 20 times faster at 20 times the rate (batches of 1-3 ms). A short batch gets a
-  // short slice (the floor: 1024 simulated requests), a long one the ceiling (8192),
-  // so the fast model's first plan takes several times as many calls.
+  // short slice (about 1100 simulated requests for a 2.2 ms batch), a long one the ceiling
+  // (8192), so the fast model's first plan takes several times as many calls.
   auto calls_to_plan = [](std::chrono::nanoseconds slo, LinearCost cost, BatchDuration gap) {
     ManualClock clock;
     const AdaptiveWindow p(config(slo, 64));
@@ -663,6 +663,50 @@ TEST_CASE("AdaptiveWindow: a planning slice follows the cost of the batch that r
   CHECK(slow > 1);
   CHECK(fast < 5000);
   CHECK(fast >= 3 * slow);
+}
+
+TEST_CASE("AdaptiveWindow: a plan for a new load gets larger slices than a re-plan for a model "
+          "that drifted",
+          "[adaptive]") {
+  // A re-plan at the rate of the plan in force (the model's cost moved) runs in slices of
+  // about 250 000 simulated requests per second of model time; one for a rate more than
+  // 10 % away from it (or the first plan) in slices twice that, since until it is in
+  // force the plan in force is for another load. Two re-plans of like size on one model:
+  // after a 30 % cost move at the same rate, and after a third more load at the same
+  // cost. With one slice for both they take about as many calls (160 and 139).
+  auto calls_to_replan = [](bool rate_moves) {
+    ManualClock clock;
+    MetricsRegistry reg;
+    AdaptiveWindowConfig c = config(7500us, 64);
+    c.metrics = &reg;
+    const AdaptiveWindow p(c);
+    auto plans = [&] { return series_value(reg.prometheus(), "\ntailbatch_adaptive_plans_total"); };
+    drive_arrivals(p, clock, 3000, 167us);  // about 6000 requests/s
+    const LinearCost cost{1ms, 150us};
+    auto run_until_planned = [&](double scale) {
+      const double before = plans();
+      int calls = 0;
+      while (plans() == before && calls < 20000) {
+        p.on_batch_executed(feedback(
+            8, std::chrono::duration_cast<std::chrono::nanoseconds>(cost(8) * scale), clock.now()));
+        ++calls;
+      }
+      return calls;
+    };
+    const int first = run_until_planned(1.0);
+    if (rate_moves)
+      drive_arrivals(p, clock, 3000, 125us);  // about 8000 requests/s: a third more
+    const int again = run_until_planned(rate_moves ? 1.0 : 1.3);
+    return std::pair{first, again};
+  };
+  const auto [first_a, drift] = calls_to_replan(false);
+  const auto [first_b, rate] = calls_to_replan(true);
+  INFO("calls to the first plan " << first_a << ", to the re-plan after a cost move " << drift
+                                  << ", after a rate move " << rate);
+  CHECK(first_a == first_b);
+  CHECK(drift < 20000);
+  CHECK(rate < 20000);
+  CHECK(drift >= 2 * rate);
 }
 
 TEST_CASE(

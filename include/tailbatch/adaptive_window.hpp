@@ -39,20 +39,22 @@
 // Planning cost, and its bound. Planning runs in on_batch_executed (which the Pipeline
 // calls after the batch's completions, so they never wait for it), never in decide(), and
 // in slices: one call advances the plan in the making by a slice of simulated requests
-// sized to the batch that reported (about 500 000 per second of its model time, within
-// 1024 to 8192), and a candidate's percentiles come from its largest latencies kept as it
-// runs (no selection pass); the plan in force stays in force until the new one is done.
-// That is the bound: O(slice + max_batch) per call, about 48 us at p99 per batch with a
-// 0.3 ms model on 2 shared vCPUs and 10 us on average (bench_adaptive RealClock, Release),
-// against about 7.5-16 ms for the whole grid in one call (BM_AdaptiveWindow_FullPlan). The
-// search is exact but cut short where it cannot change the answer: the nearest rate's plan
-// is tried first, a candidate is abandoned once more of its requests exceed the best
-// objective so far than its percentile allows, a candidate that would play out exactly as
-// one already run (a longer window where the window never closed a batch, a larger size
-// where the size never did) is skipped, and so are sizes that cannot keep up with the
-// rate. A plan takes about 10-40 calls on a model of tens of ms (some 200 with 1-2 ms
-// batches); one made for a rate the load has left by more than 25 % is dropped for the
-// plan of the rate now.
+// sized to the batch that reported (about 250 000 per second of its model time, within
+// 256 to 8192; for a plan for a rate more than 10 % from the plan in force's, or the
+// first, twice that within 1024 to 8192), and a candidate's percentiles come from its
+// largest latencies kept as it runs (no selection pass); the plan in force stays in
+// force until the new one is done. That is the bound: O(slice + max_batch) per call,
+// about 40 us at p99 per batch with a 0.3 ms model on 2 shared vCPUs and 8 us on average
+// (bench_adaptive RealClock, Release), against about 7.5-16 ms for the whole grid in one
+// call (BM_AdaptiveWindow_FullPlan). The search is exact but cut short where it cannot
+// change the answer: the nearest rate's plan is tried first, a candidate is abandoned
+// once more of its requests exceed the best objective so far than its percentile allows,
+// a candidate that would play out exactly as one already run (a longer window where the
+// window never closed a batch, a larger size where the size never did) is skipped, and
+// so are sizes that cannot keep up with the rate. A plan for a new load takes about 10-40
+// calls on a model of tens of ms (some 200 with 1-2 ms batches; a re-plan for a drifted
+// cost, twice the calls for the same work); one made for a rate the load has left by
+// more than 25 % is dropped for the plan of the rate now.
 //
 // decide() then closes a batch:
 //

@@ -58,13 +58,21 @@ class AdaptiveState {
   static constexpr std::size_t plan_requests = 6000;
   // A call advances a plan in the making by at most a slice of simulated requests (and
   // one batch): about slice_per_second x the model time of the batch just run, within
-  // [plan_slice_min, plan_slice_max]. A simulated request costs about 20 ns, so a slice
-  // is about 1 % of the batch's time from 2 ms batches up (a 20 ms batch or longer: the
-  // ceiling, 1 % or less), and the floor, about 20-40 us on 2 shared cores, below: short
+  // [plan_slice_min, plan_slice_max]. A simulated request costs 20-40 ns on 2 shared
+  // cores, so a slice is about 1 % of the batch's time from 1 ms batches up (from 33 ms
+  // batches: the ceiling, 1 % or less), and the floor, about 5-10 us, below: short
   // batches get the bound on the time added per batch, slow models plans that finish in
-  // few batches.
-  static constexpr double slice_per_second = 500000.0;
-  static constexpr std::size_t plan_slice_min = 1024;
+  // few batches. On the real clock a plan is in the making most of the time (a model's
+  // cost wanders by 10 % within seconds, and each such move is a re-plan), so the slice
+  // is the planner's share of the model's time (docs/performance.md). A plan for a rate
+  // more than urgent_move from the plan in force's, or the first plan, is urgent (until
+  // it is done the plan in force is one for another load): its slices are
+  // urgent_slice_per_second x the model time, within [urgent_slice_min, plan_slice_max].
+  static constexpr double slice_per_second = 250000.0;
+  static constexpr std::size_t plan_slice_min = 256;
+  static constexpr double urgent_slice_per_second = 500000.0;
+  static constexpr std::size_t urgent_slice_min = 1024;
+  static constexpr double urgent_move = 0.10;
   static constexpr std::size_t plan_slice_max = 8192;
   // Window candidates, as fractions of a batch of one's cost.
   static constexpr std::array<double, 12> window_grid = {0.0, 0.025, 0.05, 0.1, 0.15, 0.25,
@@ -181,8 +189,7 @@ class AdaptiveState {
     if (m_.feedback != nullptr) m_.feedback->inc();
     // Planning happens here, on the thread that just ran a batch, rather than in decide():
     // batch formation never waits for it.
-    const double slice = std::min(x * slice_per_second, static_cast<double>(plan_slice_max));
-    replan_if_stale(f.started, std::max(plan_slice_min, static_cast<std::size_t>(slice)));
+    replan_if_stale(f.started, x);
   }
 
   // The decision; see AdaptiveWindow::decide. The plan's rule decides first; where a lane
@@ -580,16 +587,29 @@ class AdaptiveState {
     return static_cast<std::int64_t>(detail::floor(detail::log(rate) / detail::log(rate_step)));
   }
 
+  // The slice of simulated requests a call may run for a plan at `rate`, after a batch
+  // whose model time was `model_s` (see slice_per_second).
+  std::size_t slice_for(double model_s, double rate) const noexcept {
+    const bool urgent =
+        !planned_ || detail::fabs(rate - plan_.rate_rps) > urgent_move * plan_.rate_rps;
+    const double per_second = urgent ? urgent_slice_per_second : slice_per_second;
+    const double slice = std::min(model_s * per_second, static_cast<double>(plan_slice_max));
+    return std::max(urgent ? urgent_slice_min : plan_slice_min, static_cast<std::size_t>(slice));
+  }
+
   // Makes sure the plan in force is for the current rate bucket, lanes and cost epoch:
   // from the cache at once, or by a planning job that runs in bounded slices, one per call
   // (see advance_job). The plan in force stays in force until the job ends.
-  void replan_if_stale(BatchTime now, std::size_t budget) noexcept {
+  void replan_if_stale(BatchTime now, double model_s) noexcept {
     const double rate = rate_at(now);
     // A plan in the making for a rate the load has since left far behind is dropped: the
     // one for the rate now is started instead.
     if (job_.active && rate > 0.0 &&
         detail::fabs(rate - job_.rate) > (stale_rise - 1.0) * job_.rate)
       job_.active = false;
+    // The slice: for the plan in the making, else for the one this call may start (a
+    // slice left over when a plan ends goes to the next).
+    std::size_t budget = slice_for(model_s, job_.active ? job_.rate : rate);
     if (job_.active) {
       advance_job(budget);
       if (job_.active) return;
