@@ -26,6 +26,9 @@
 # the machine's noise alone, so what a control run misses is the floor under what the
 # adaptive run can be held to here (the "adapt" columns then hold the control's figures).
 # -- DEMO ARGS go to every demo run, e.g. -- --step-s 6 for longer measured steps.
+#
+# The runs' results stay in ${TMPDIR:-/tmp}/tailbatch-live.*/run*.jsonl;
+# benchmarks/adaptive/live_bands.py summarises sets of them further (paired ratios, bands).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 json=0 runs=3 build=build/default quick=() control=()
