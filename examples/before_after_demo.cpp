@@ -22,6 +22,15 @@
 // window's place: an A/A run, whose "met/missed" line shows how far two runs of one setup
 // differ on this machine, the noise floor under the adaptive window's goals.
 //
+// Under the adaptive window's table, "planner vs measured" shows at each rate the plan in
+// force at the step's end (the rate it was made for, its batch size and window) and the
+// p95 its planner predicted for it and for the fixed window at that rate
+// (AdaptiveWindow::plan and predict), beside the p95 each measured. --results FILE
+// writes one JSON object per rate (the fixed and the adaptive window's p95, CPU per
+// request, mean batch and whether each met the SLO, and these planner figures, null
+// under --control), then one with both saturation rates; benchmarks/adaptive/live.sh
+// and live_bands.py read it.
+//
 // The window: the latency field guide's 2-10 ms is for a model that takes ~20 ms per batch; the
 // reference classifier takes ~1 ms at batch 1 on a CPU, so the demo scales the window down with it.
 //
@@ -85,6 +94,11 @@ struct Row {
   double cpu_ms_per_req = 0.0;        // process CPU per ok request
   double model_cpu_ms_per_req = 0.0;  // the model's threads only
   double mean_batch = 0.0;
+  // The adaptive window's setup only, read at the end of the step: the plan in force and
+  // what the planner predicts for the fixed window it is compared with, at the step's rate
+  // (AdaptiveWindow::plan and predict): how far its model of the lanes is from the live run.
+  std::optional<tailbatch::AdaptivePlan> plan;
+  double predicted_fixed_p95_ms = 0.0;
   bool meets = false;
   std::string verdict;
 };
@@ -97,6 +111,8 @@ struct Setup {
   std::optional<std::size_t> saturation;
   // Set: the AdaptiveWindow (p95 target and cap) instead of a FixedWindow.
   std::optional<tailbatch::AdaptiveWindow> adaptive{};
+  // With adaptive: the fixed window it is compared with (its predictions for it are kept).
+  nanoseconds compared_window{0};
 };
 
 // A FixedWindow or an AdaptiveWindow behind one type (tailbatch::PolicyVariant): one
@@ -224,6 +240,13 @@ class SetupRun {
         completed > 0 ? static_cast<double>(model_cpu_ns_.load() - m0) / 1e6 / completed : 0.0;
     const auto nb = batches_.load() - b0;
     row.mean_batch = nb ? static_cast<double>(batched_.load() - n0) / static_cast<double>(nb) : 0.0;
+    if (setup_.adaptive) {
+      row.plan = setup_.adaptive->plan();
+      row.predicted_fixed_p95_ms =
+          setup_.adaptive->predict(rates[i], lanes_.size(), setup_.max_batch, setup_.compared_window)
+              .predicted_p95_s *
+          1000.0;
+    }
     if (row.result.error_rate() >= 0.01) {
       row.verdict = fmt::format("errors {:.1f} %", row.result.error_rate() * 100.0);
     } else if (ms(row.result.p95) > slo_ms) {
@@ -343,6 +366,18 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 16));
   CLI11_PARSE(app, argc, argv);
+  // Opened now, so that a path that cannot be written fails before minutes of measuring.
+  struct CloseFile {
+    void operator()(std::FILE* f) const noexcept { std::fclose(f); }
+  };
+  std::unique_ptr<std::FILE, CloseFile> results;
+  if (!results_path.empty()) {
+    results.reset(std::fopen(results_path.c_str(), "w"));
+    if (results == nullptr) {
+      fmt::print(stderr, "before_after_demo: --results: cannot write {}\n", results_path);
+      return 2;
+    }
+  }
 
   const auto wall0 = steady_clock::now();
   const Classifier clf;
@@ -413,7 +448,7 @@ int main(int argc, char** argv) {
   tailbatch::AdaptiveWindowConfig ac;
   ac.slo_p95 = duration_cast<nanoseconds>(duration<double, std::milli>(slo_ms));
   ac.max_batch = max_batch;
-  Setup adaptive{"adaptive", max_batch, nanoseconds(0), {}, {}, tailbatch::AdaptiveWindow(ac)};
+  Setup adaptive{"adaptive", max_batch, nanoseconds(0), {}, {}, tailbatch::AdaptiveWindow(ac), window};
   if (control) adaptive = Setup{"control", max_batch, window, {}, {}, {}};
   run_interleaved(before, after, adaptive, rates, model, corpus, lanes_n, slo_ms, step, warmup,
                   adaptive_first);
@@ -446,6 +481,23 @@ int main(int argc, char** argv) {
           "ms, batch {}, for {:.0f} rps\n",
           learned.samples, learned.intercept_s * 1e3, learned.slope_s * 1e3,
           duration<double, std::milli>(plan.window).count(), plan.batch, plan.rate_rps);
+      // The planner against the live run: the plan in force at each step's end, its predicted
+      // p95 and the one the planner predicts for the fixed window at that rate, beside what
+      // the two measured. Where they part, the planner chose with a wrong picture of the lanes.
+      fmt::print(
+          "  planner vs measured at each rate (the plan in force at the step's end; p95 in ms):\n"
+          "  {:>8} {:>9} {:>6} {:>10} {:>15} {:>9} {:>16} {:>9}\n",
+          "offered", "plan rps", "batch", "window ms", "adapt predicted", "measured",
+          "fixed predicted", "measured");
+      for (std::size_t i = 0; i < adaptive.rows.size(); ++i) {
+        const Row& r = adaptive.rows[i];
+        if (!r.plan) continue;
+        fmt::print("  {:>8.0f} {:>9.0f} {:>6} {:>10.3f} {:>15.2f} {:>9.2f} {:>16.2f} {:>9}\n",
+                   r.offered, r.plan->rate_rps, r.plan->batch, ms(r.plan->window),
+                   r.plan->predicted_p95_s * 1000.0, ms(r.result.p95), r.predicted_fixed_p95_ms,
+                   i < after.rows.size() ? fmt::format("{:.2f}", ms(after.rows[i].result.p95))
+                                         : std::string("-"));
+      }
     }
   }
 
@@ -558,14 +610,15 @@ int main(int argc, char** argv) {
                                       : fmt::format(" ({} missed it)", adaptive.name))
                    : std::string());
   }
-  if (!results_path.empty()) {
-    std::FILE* out = std::fopen(results_path.c_str(), "w");
-    if (out == nullptr) {
-      fmt::print(stderr, "before_after_demo: cannot write {}\n", results_path);
-      return 2;
-    }
+  if (results != nullptr) {
+    std::FILE* out = results.get();
     auto num = [](const std::vector<Row>& rows, std::size_t i, auto f) {
       return i < rows.size() ? fmt::format("{:.4f}", f(rows[i])) : std::string("null");
+    };
+    // The adaptive window's plan figures (null for the control, or a rate it did not run).
+    auto planned = [&](std::size_t i, auto f) {
+      return i < adaptive.rows.size() && adaptive.rows[i].plan ? fmt::format("{:.4f}", f(adaptive.rows[i]))
+                                                               : std::string("null");
     };
     for (std::size_t i = 0; i < rates.size(); ++i) {
       fmt::print(out,
@@ -573,7 +626,9 @@ int main(int argc, char** argv) {
                  "\"fixed_cpu_ms_per_request\": {}, "
                  "\"adaptive_cpu_ms_per_request\": {}, \"fixed_ok\": {}, \"adaptive_ok\": {}, "
                  "\"fixed_mean_batch\": {}, "
-                 "\"adaptive_mean_batch\": {}}}\n",
+                 "\"adaptive_mean_batch\": {}, \"adaptive_plan_rate_rps\": {}, "
+                 "\"adaptive_plan_batch\": {}, \"adaptive_plan_window_ms\": {}, "
+                 "\"adaptive_predicted_p95_ms\": {}, \"predicted_fixed_p95_ms\": {}}}\n",
                  rates[i], num(after.rows, i, [](const Row& r) { return ms(r.result.p95); }),
                  num(adaptive.rows, i, [](const Row& r) { return ms(r.result.p95); }),
                  num(after.rows, i, [](const Row& r) { return r.cpu_ms_per_req; }),
@@ -581,11 +636,16 @@ int main(int argc, char** argv) {
                  i < after.rows.size() && after.rows[i].meets,
                  i < adaptive.rows.size() && adaptive.rows[i].meets,
                  num(after.rows, i, [](const Row& r) { return r.mean_batch; }),
-                 num(adaptive.rows, i, [](const Row& r) { return r.mean_batch; }));
+                 num(adaptive.rows, i, [](const Row& r) { return r.mean_batch; }),
+                 planned(i, [](const Row& r) { return r.plan->rate_rps; }),
+                 planned(i, [](const Row& r) { return static_cast<double>(r.plan->batch); }),
+                 planned(i, [](const Row& r) { return ms(r.plan->window); }),
+                 planned(i, [](const Row& r) { return r.plan->predicted_p95_s * 1000.0; }),
+                 planned(i, [](const Row& r) { return r.predicted_fixed_p95_ms; }));
     }
     fmt::print(out, "{{\"fixed_saturation_rps\": {:.0f}, \"adaptive_saturation_rps\": {:.0f}}}\n",
                sat_a, sat_ad);
-    std::fclose(out);
+    results.reset();
   }
 
   fmt::print(

@@ -156,9 +156,15 @@ tailbatch_cli_test(demo_quick_smoke before_after_demo RC 0
          "saturation point [(]highest offered rate"
          "mini challenge [(]reduce p95 by 20 % without increasing cost per request[)]: (MET|NOT MET)"
          "plots/latency_vs_load.svg"
-         "plots/cost_vs_load.svg")
+         "plots/cost_vs_load.svg"
+         "planner vs measured at each rate"
+         "offered +plan rps +batch +window ms +adapt predicted +measured +fixed predicted +measured"
+         " [0-9]+ +[0-9]+ +[0-9]+ +[0-9]+[.][0-9][0-9][0-9] +[0-9]+[.][0-9][0-9] +[0-9]+[.][0-9][0-9] +[0-9]+[.][0-9][0-9] +([0-9]+[.][0-9][0-9]|-)")
 tailbatch_cli_test(demo_bad_window before_after_demo RC nonzero
   ARGS --window-ms -1 EXPECT "--window-ms")
+# A --results path that cannot be written fails at once, not after the minutes of the run.
+tailbatch_cli_test(demo_bad_results before_after_demo RC nonzero
+  ARGS --results no/such/dir/results.jsonl EXPECT "--results: cannot write no/such/dir/results.jsonl")
 
 tailbatch_cli_test(load_simulated_sweep tailbatch-load RC 0
   ARGS --sweep 100,200,300,400,450,500 --duration 6 --warmup 1 --slo-p95-ms 100 --simulate --out plots
