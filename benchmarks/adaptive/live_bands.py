@@ -13,7 +13,18 @@ For each set it prints:
   lower    runs whose adaptive saturation was below the fixed window's;
   and, per load band (up to 1100 rps, 1100-3000, above 3000), the geometric means over
   runs and rates of the adaptive-to-fixed ratios of p95, CPU per request and mean batch
-  size, where both met the SLO in that run.
+  size, where both met the SLO in that run;
+  and, where the runs carry the planner's figures (the demo's "planner vs measured"), per
+  band: the geometric means (10th-90th percentiles) of predicted over measured p95 for the
+  fixed window and for the adaptive window's plan, the median of how far the plan's rate was from the offered
+  one, in how many run-rates the plan's window was longer than the fixed window's
+  (0.5 ms, or --window-ms=X before the folders when the demo ran with another), and the
+  p95 and CPU ratios (geometric means) of those run-rates and of the others;
+  with --per-rate, per rate across the runs: the range of the planner's predicted p95
+  for the fixed window, of the fixed window's measured p95, and of the plan's window and
+  batch size; and the correlation across runs of the predicted and the measured p95 of the
+  fixed window (each over its rate's mean, at the rates where the fixed window met the SLO
+  in every run).
 """
 import glob
 import json
@@ -28,7 +39,7 @@ def gmean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
-def summarise(folder):
+def summarise(folder, window_ms, per_rate):
     files = sorted(glob.glob(f"{folder}/*/run*.jsonl"))
     if not files:
         sys.exit(f"live_bands.py: no run*.jsonl under {folder}/*/")
@@ -62,10 +73,68 @@ def summarise(folder):
         ratio = lambda k: gmean([o[f"adaptive_{k}"] / o[f"fixed_{k}"] for o in both])
         print(f"  {name:>11}: {len(both):3d} run-rates  p95 {ratio('p95_ms'):.3f}  "
               f"CPU {ratio('cpu_ms_per_request'):.3f}  batch {ratio('mean_batch'):.3f}")
+        planned = [o for o in both if o.get("adaptive_predicted_p95_ms")]
+        if planned:
+            # The planner's picture against the live run (the demo's "planner vs measured").
+            def span(xs):  # geometric mean (10th-90th percentile)
+                q = statistics.quantiles(xs, n=10) if len(xs) > 1 else xs * 9
+                return f"{gmean(xs):.3f} ({q[0]:.2f}-{q[-1]:.2f})"
+            fixed = span([o["predicted_fixed_p95_ms"] / o["fixed_p95_ms"] for o in planned])
+            own = span([o["adaptive_predicted_p95_ms"] / o["adaptive_p95_ms"] for o in planned])
+            rate = statistics.median(
+                [abs(o["adaptive_plan_rate_rps"] / o["rate"] - 1.0) for o in planned])
+            wider = [o for o in planned if o["adaptive_plan_window_ms"] > window_ms]
+            print(f"  {'':>11}  predicted/measured p95: fixed window {fixed}, adaptive "
+                  f"plan {own}; plan rate off by {rate * 100:.1f} % (median); "
+                  f"plan window over the fixed window's in {len(wider)} of {len(planned)}")
+            narrower = [o for o in planned if o["adaptive_plan_window_ms"] <= window_ms]
+            side = lambda rs, k: gmean([o[f"adaptive_{k}"] / o[f"fixed_{k}"] for o in rs])
+            print(f"  {'':>11}  plan window longer: p95 {side(wider, 'p95_ms'):.2f} "
+                  f"CPU {side(wider, 'cpu_ms_per_request'):.2f}; not longer: p95 "
+                  f"{side(narrower, 'p95_ms'):.2f} CPU {side(narrower, 'cpu_ms_per_request'):.2f}")
+    if per_rate:
+        # Per rate, across the runs: how far the planner's picture moves from run to run
+        # against how far the measured p95 does.
+        xs, ys = [], []
+        print(f"  {'rate':>6} {'predicted fixed p95':>20} {'measured fixed p95':>19} "
+              f"{'plan window ms':>15} {'plan batch':>11}")
+        for rate in rates:
+            per = [o for r in runs for o in r
+                   if o.get("rate") == rate and o.get("predicted_fixed_p95_ms")
+                   and o.get("fixed_p95_ms")]
+            if not per:
+                continue
+            rng = lambda k, f="{:.2f}": "-".join(
+                f.format(x) for x in (min(o[k] for o in per), max(o[k] for o in per)))
+            print(f"  {rate:>6} {rng('predicted_fixed_p95_ms'):>20} {rng('fixed_p95_ms'):>19} "
+                  f"{rng('adaptive_plan_window_ms'):>15} {rng('adaptive_plan_batch', '{:.0f}'):>11}")
+            if len(per) > 1 and all(o["fixed_ok"] for o in per):
+                mp = statistics.mean(o["predicted_fixed_p95_ms"] for o in per)
+                mm = statistics.mean(o["fixed_p95_ms"] for o in per)
+                xs += [o["predicted_fixed_p95_ms"] / mp for o in per]
+                ys += [o["fixed_p95_ms"] / mm for o in per]
+        if len(xs) > 2:
+            # Whether a run the planner saw as slower also measured slower (the machine's
+            # state, which both see) or the two move apart (the planner's own noise).
+            print(f"  correlation of predicted and measured fixed-window p95 across runs (each "
+                  f"over its rate's mean): {statistics.correlation(xs, ys):.2f} ({len(xs)} run-rates)")
 
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    for folder in sys.argv[1:]:
-        summarise(folder)
+    args = sys.argv[1:]
+    window_ms = 0.5  # the demo's --window-ms default, the fixed window live.sh compares with
+    per_rate = False
+    while args and args[0].startswith("--"):
+        opt = args.pop(0)
+        if opt.startswith("--window-ms="):
+            window_ms = float(opt.split("=", 1)[1])
+        elif opt == "--per-rate":
+            per_rate = True
+        else:
+            sys.exit(f"live_bands.py: unknown option {opt}\n{__doc__}")
+    if not args:
+        sys.exit(__doc__)
+    for folder in args:
+        summarise(folder, window_ms, per_rate)
