@@ -27,8 +27,8 @@
 // p95 its planner predicted for it and for the fixed window at that rate
 // (AdaptiveWindow::plan and predict), beside the p95 each measured. --results FILE
 // writes one JSON object per rate (the fixed and the adaptive window's p95, CPU per
-// request, mean batch and whether each met the SLO, and these planner figures, null
-// under --control), then one with both saturation rates; benchmarks/adaptive/live.sh
+// request, mean batch and whether each met the SLO, and these planner figures with the
+// cost of a batch of one it had learned, null under --control), then one with both saturation rates; benchmarks/adaptive/live.sh
 // and live_bands.py read it.
 //
 // The window: the latency field guide's 2-10 ms is for a model that takes ~20 ms per batch; the
@@ -99,6 +99,7 @@ struct Row {
   // (AdaptiveWindow::plan and predict): how far its model of the lanes is from the live run.
   std::optional<tailbatch::AdaptivePlan> plan;
   double predicted_fixed_p95_ms = 0.0;
+  double learned_l1_ms = 0.0;  // the cost of a batch of one the planner had learned
   bool meets = false;
   std::string verdict;
 };
@@ -242,6 +243,7 @@ class SetupRun {
     row.mean_batch = nb ? static_cast<double>(batched_.load() - n0) / static_cast<double>(nb) : 0.0;
     if (setup_.adaptive) {
       row.plan = setup_.adaptive->plan();
+      row.learned_l1_ms = setup_.adaptive->estimate_seconds(1) * 1000.0;
       row.predicted_fixed_p95_ms =
           setup_.adaptive->predict(rates[i], lanes_.size(), setup_.max_batch, setup_.compared_window)
               .predicted_p95_s *
@@ -628,7 +630,8 @@ int main(int argc, char** argv) {
                  "\"fixed_mean_batch\": {}, "
                  "\"adaptive_mean_batch\": {}, \"adaptive_plan_rate_rps\": {}, "
                  "\"adaptive_plan_batch\": {}, \"adaptive_plan_window_ms\": {}, "
-                 "\"adaptive_predicted_p95_ms\": {}, \"predicted_fixed_p95_ms\": {}}}\n",
+                 "\"adaptive_predicted_p95_ms\": {}, \"predicted_fixed_p95_ms\": {}, "
+                 "\"adaptive_learned_l1_ms\": {}}}\n",
                  rates[i], num(after.rows, i, [](const Row& r) { return ms(r.result.p95); }),
                  num(adaptive.rows, i, [](const Row& r) { return ms(r.result.p95); }),
                  num(after.rows, i, [](const Row& r) { return r.cpu_ms_per_req; }),
@@ -641,7 +644,8 @@ int main(int argc, char** argv) {
                  planned(i, [](const Row& r) { return static_cast<double>(r.plan->batch); }),
                  planned(i, [](const Row& r) { return ms(r.plan->window); }),
                  planned(i, [](const Row& r) { return r.plan->predicted_p95_s * 1000.0; }),
-                 planned(i, [](const Row& r) { return r.predicted_fixed_p95_ms; }));
+                 planned(i, [](const Row& r) { return r.predicted_fixed_p95_ms; }),
+                 planned(i, [](const Row& r) { return r.learned_l1_ms; }));
     }
     fmt::print(out, "{{\"fixed_saturation_rps\": {:.0f}, \"adaptive_saturation_rps\": {:.0f}}}\n",
                sat_a, sat_ad);

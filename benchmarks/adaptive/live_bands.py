@@ -22,9 +22,10 @@ For each set it prints:
   p95 and CPU ratios (geometric means) of those run-rates and of the others;
   with --per-rate, per rate across the runs: the range of the planner's predicted p95
   for the fixed window, of the fixed window's measured p95, and of the plan's window and
-  batch size; and the correlation across runs of the predicted and the measured p95 of the
+  batch size (and of the cost of a batch of one the planner had learned, where the runs
+  carry it); and the correlation across runs of the predicted and the measured p95 of the
   fixed window (each over its rate's mean, at the rates where the fixed window met the SLO
-  in every run).
+  in every run), and of the predicted p95 and the learned cost.
 """
 import glob
 import json
@@ -95,9 +96,10 @@ def summarise(folder, window_ms, per_rate):
     if per_rate:
         # Per rate, across the runs: how far the planner's picture moves from run to run
         # against how far the measured p95 does.
-        xs, ys = [], []
+        xs, ys, ls = [], [], []
+        has_l1 = any(o.get("adaptive_learned_l1_ms") for r in runs for o in r)
         print(f"  {'rate':>6} {'predicted fixed p95':>20} {'measured fixed p95':>19} "
-              f"{'plan window ms':>15} {'plan batch':>11}")
+              f"{'plan window ms':>15} {'plan batch':>11}" + (f" {'learned L(1) ms':>16}" if has_l1 else ""))
         for rate in rates:
             per = [o for r in runs for o in r
                    if o.get("rate") == rate and o.get("predicted_fixed_p95_ms")
@@ -106,18 +108,27 @@ def summarise(folder, window_ms, per_rate):
                 continue
             rng = lambda k, f="{:.2f}": "-".join(
                 f.format(x) for x in (min(o[k] for o in per), max(o[k] for o in per)))
+            l1 = f" {rng('adaptive_learned_l1_ms', '{:.3f}'):>16}" if has_l1 else ""
             print(f"  {rate:>6} {rng('predicted_fixed_p95_ms'):>20} {rng('fixed_p95_ms'):>19} "
-                  f"{rng('adaptive_plan_window_ms'):>15} {rng('adaptive_plan_batch', '{:.0f}'):>11}")
+                  f"{rng('adaptive_plan_window_ms'):>15} {rng('adaptive_plan_batch', '{:.0f}'):>11}{l1}")
             if len(per) > 1 and all(o["fixed_ok"] for o in per):
                 mp = statistics.mean(o["predicted_fixed_p95_ms"] for o in per)
                 mm = statistics.mean(o["fixed_p95_ms"] for o in per)
                 xs += [o["predicted_fixed_p95_ms"] / mp for o in per]
                 ys += [o["fixed_p95_ms"] / mm for o in per]
+                if has_l1:
+                    ml = statistics.mean(o["adaptive_learned_l1_ms"] for o in per)
+                    ls += [o["adaptive_learned_l1_ms"] / ml for o in per]
         if len(xs) > 2:
             # Whether a run the planner saw as slower also measured slower (the machine's
             # state, which both see) or the two move apart (the planner's own noise).
             print(f"  correlation of predicted and measured fixed-window p95 across runs (each "
                   f"over its rate's mean): {statistics.correlation(xs, ys):.2f} ({len(xs)} run-rates)")
+        if len(ls) > 2:
+            # Whether the planner's picture moves with the cost of a batch of one it learned.
+            print(f"  correlation of the predicted fixed-window p95 and the learned L(1) across runs "
+                  f"(each over its rate's mean): {statistics.correlation(xs, ls):.2f}; "
+                  f"L(1) over its mean: {min(ls):.2f}-{max(ls):.2f}")
 
 
 if __name__ == "__main__":
