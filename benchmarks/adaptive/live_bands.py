@@ -24,8 +24,10 @@ For each set it prints:
   for the fixed window, of the fixed window's measured p95, and of the plan's window and
   batch size (and of the cost of a batch of one the planner had learned, where the runs
   carry it); and the correlation across runs of the predicted and the measured p95 of the
-  fixed window (each over its rate's mean, at the rates where the fixed window met the SLO
-  in every run), and of the predicted p95 and the learned cost.
+  fixed window per band (logs, each over its rate's mean, at the rates where the fixed
+  window met the SLO in every run), and of each with the learned cost; and, where both
+  met the SLO, the correlation of the learned cost's move with the plan's window and with
+  the adaptive-to-fixed p95 and CPU ratios.
 """
 import glob
 import json
@@ -96,7 +98,10 @@ def summarise(folder, window_ms, per_rate):
     if per_rate:
         # Per rate, across the runs: how far the planner's picture moves from run to run
         # against how far the measured p95 does.
-        xs, ys, ls = [], [], []
+        # Per band: predicted, measured, L(1) moves; then, where both met the SLO, the L(1)
+        # move, the plan's window and the adaptive-to-fixed p95 and CPU ratios (logs).
+        moved = {name: ([], [], []) for name, _, _ in BANDS}
+        paired = {name: ([], [], [], []) for name, _, _ in BANDS}
         has_l1 = any(o.get("adaptive_learned_l1_ms") for r in runs for o in r)
         print(f"  {'rate':>6} {'predicted fixed p95':>20} {'measured fixed p95':>19} "
               f"{'plan window ms':>15} {'plan batch':>11}" + (f" {'learned L(1) ms':>16}" if has_l1 else ""))
@@ -112,23 +117,52 @@ def summarise(folder, window_ms, per_rate):
             print(f"  {rate:>6} {rng('predicted_fixed_p95_ms'):>20} {rng('fixed_p95_ms'):>19} "
                   f"{rng('adaptive_plan_window_ms'):>15} {rng('adaptive_plan_batch', '{:.0f}'):>11}{l1}")
             if len(per) > 1 and all(o["fixed_ok"] for o in per):
-                mp = statistics.mean(o["predicted_fixed_p95_ms"] for o in per)
-                mm = statistics.mean(o["fixed_p95_ms"] for o in per)
-                xs += [o["predicted_fixed_p95_ms"] / mp for o in per]
-                ys += [o["fixed_p95_ms"] / mm for o in per]
-                if has_l1:
-                    ml = statistics.mean(o["adaptive_learned_l1_ms"] for o in per)
-                    ls += [o["adaptive_learned_l1_ms"] / ml for o in per]
-        if len(xs) > 2:
-            # Whether a run the planner saw as slower also measured slower (the machine's
-            # state, which both see) or the two move apart (the planner's own noise).
-            print(f"  correlation of predicted and measured fixed-window p95 across runs (each "
-                  f"over its rate's mean): {statistics.correlation(xs, ys):.2f} ({len(xs)} run-rates)")
-        if len(ls) > 2:
-            # Whether the planner's picture moves with the cost of a batch of one it learned.
-            print(f"  correlation of the predicted fixed-window p95 and the learned L(1) across runs "
-                  f"(each over its rate's mean): {statistics.correlation(xs, ls):.2f}; "
-                  f"L(1) over its mean: {min(ls):.2f}-{max(ls):.2f}")
+                # Each run's log over its rate's mean log: a run's move, robust to the one
+                # run whose prediction was ten times the others'.
+                def moves(k):
+                    logs = [math.log(o[k]) for o in per]
+                    mean = statistics.mean(logs)
+                    return [x - mean for x in logs]
+                band = next(name for name, lo, hi in BANDS if lo < rate <= hi)
+                xs, ys, ls = moved[band]
+                xs += moves("predicted_fixed_p95_ms")
+                ys += moves("fixed_p95_ms")
+                if has_l1 and all((o.get("adaptive_learned_l1_ms") or 0) > 0 for o in per):
+                    ls += moves("adaptive_learned_l1_ms")
+            both = [o for o in per if o["fixed_ok"] and o["adaptive_ok"]
+                    and (o.get("adaptive_learned_l1_ms") or 0) > 0]
+            if has_l1 and len(both) > 1:
+                band = next(name for name, lo, hi in BANDS if lo < rate <= hi)
+                logs = [math.log(o["adaptive_learned_l1_ms"]) for o in both]
+                mean = statistics.mean(logs)
+                l1, win, p95, cpu = paired[band]
+                l1 += [x - mean for x in logs]
+                win += [o["adaptive_plan_window_ms"] for o in both]
+                p95 += [math.log(o["adaptive_p95_ms"] / o["fixed_p95_ms"]) for o in both]
+                cpu += [math.log(o["adaptive_cpu_ms_per_request"] / o["fixed_cpu_ms_per_request"])
+                        for o in both]
+        # Across runs, per band (logs, each over its rate's mean): whether a run the planner
+        # saw as slower also measured slower (the machine's state, which both see) or the two
+        # move apart (the planner's own noise); and whether both move with the cost of a
+        # batch of one the planner had learned.
+        for name, (xs, ys, ls) in moved.items():
+            if len(xs) < 3:
+                continue
+            line = (f"  {name:>11}: correlation across runs, predicted and measured fixed-window "
+                    f"p95 {statistics.correlation(xs, ys):.2f} ({len(xs)} run-rates)")
+            if len(ls) == len(xs):
+                line += (f"; with the learned L(1): predicted {statistics.correlation(xs, ls):.2f}, "
+                         f"measured {statistics.correlation(ys, ls):.2f}; L(1) over its rate's "
+                         f"geometric mean {math.exp(min(ls)):.2f}-{math.exp(max(ls)):.2f}")
+            print(line)
+            l1, win, p95, cpu = paired[name]
+            if len(l1) > 2:
+                # A run that learned a slower model: does it plan longer windows, and does
+                # that cost p95 or save CPU against the fixed window of the same run?
+                print(f"  {'':>11}  with the learned L(1)'s move: plan window "
+                      f"{statistics.correlation(l1, win):.2f}, adaptive/fixed p95 "
+                      f"{statistics.correlation(l1, p95):.2f}, CPU {statistics.correlation(l1, cpu):.2f} "
+                      f"({len(l1)} run-rates)")
 
 
 if __name__ == "__main__":
