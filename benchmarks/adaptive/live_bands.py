@@ -38,6 +38,14 @@ import sys
 BANDS = (("<= 1100 rps", 0, 1100), ("1100-3000", 1100, 3000), ("> 3000", 3000, math.inf))
 
 
+def corr(xs, ys):
+    """Pearson's correlation, or nan where one side does not vary."""
+    try:
+        return statistics.correlation(xs, ys)
+    except statistics.StatisticsError:
+        return float("nan")
+
+
 def gmean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
@@ -135,12 +143,15 @@ def summarise(folder, window_ms, per_rate):
                 band = next(name for name, lo, hi in BANDS if lo < rate <= hi)
                 logs = [math.log(o["adaptive_learned_l1_ms"]) for o in both]
                 mean = statistics.mean(logs)
+                def centred(xs):  # each over its rate's mean
+                    mean = statistics.mean(xs)
+                    return [x - mean for x in xs]
                 l1, win, p95, cpu = paired[band]
                 l1 += [x - mean for x in logs]
-                win += [o["adaptive_plan_window_ms"] for o in both]
-                p95 += [math.log(o["adaptive_p95_ms"] / o["fixed_p95_ms"]) for o in both]
-                cpu += [math.log(o["adaptive_cpu_ms_per_request"] / o["fixed_cpu_ms_per_request"])
-                        for o in both]
+                win += centred([o["adaptive_plan_window_ms"] for o in both])
+                p95 += centred([math.log(o["adaptive_p95_ms"] / o["fixed_p95_ms"]) for o in both])
+                cpu += centred([math.log(o["adaptive_cpu_ms_per_request"] /
+                                         o["fixed_cpu_ms_per_request"]) for o in both])
         # Across runs, per band (logs, each over its rate's mean): whether a run the planner
         # saw as slower also measured slower (the machine's state, which both see) or the two
         # move apart (the planner's own noise); and whether both move with the cost of a
@@ -149,10 +160,10 @@ def summarise(folder, window_ms, per_rate):
             if len(xs) < 3:
                 continue
             line = (f"  {name:>11}: correlation across runs, predicted and measured fixed-window "
-                    f"p95 {statistics.correlation(xs, ys):.2f} ({len(xs)} run-rates)")
+                    f"p95 {corr(xs, ys):.2f} ({len(xs)} run-rates)")
             if len(ls) == len(xs):
-                line += (f"; with the learned L(1): predicted {statistics.correlation(xs, ls):.2f}, "
-                         f"measured {statistics.correlation(ys, ls):.2f}; L(1) over its rate's "
+                line += (f"; with the learned L(1): predicted {corr(xs, ls):.2f}, "
+                         f"measured {corr(ys, ls):.2f}; L(1) over its rate's "
                          f"geometric mean {math.exp(min(ls)):.2f}-{math.exp(max(ls)):.2f}")
             print(line)
             l1, win, p95, cpu = paired[name]
@@ -160,8 +171,8 @@ def summarise(folder, window_ms, per_rate):
                 # A run that learned a slower model: does it plan longer windows, and does
                 # that cost p95 or save CPU against the fixed window of the same run?
                 print(f"  {'':>11}  with the learned L(1)'s move: plan window "
-                      f"{statistics.correlation(l1, win):.2f}, adaptive/fixed p95 "
-                      f"{statistics.correlation(l1, p95):.2f}, CPU {statistics.correlation(l1, cpu):.2f} "
+                      f"{corr(l1, win):.2f}, adaptive/fixed p95 "
+                      f"{corr(l1, p95):.2f}, CPU {corr(l1, cpu):.2f} "
                       f"({len(l1)} run-rates)")
 
 
