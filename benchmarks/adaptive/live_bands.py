@@ -119,6 +119,7 @@ def summarise(folder, window_ms, per_rate):
                    and o.get("fixed_p95_ms")]
             if not per:
                 continue
+            band = next(name for name, lo, hi in BANDS if lo < rate <= hi)
             rng = lambda k, f="{:.2f}": "-".join(
                 f.format(x) for x in (min(o[k] for o in per), max(o[k] for o in per)))
             l1 = f" {rng('adaptive_learned_l1_ms', '{:.3f}'):>16}" if has_l1 else ""
@@ -131,7 +132,6 @@ def summarise(folder, window_ms, per_rate):
                     logs = [math.log(o[k]) for o in per]
                     mean = statistics.mean(logs)
                     return [x - mean for x in logs]
-                band = next(name for name, lo, hi in BANDS if lo < rate <= hi)
                 xs, ys, ls = moved[band]
                 xs += moves("predicted_fixed_p95_ms")
                 ys += moves("fixed_p95_ms")
@@ -140,7 +140,6 @@ def summarise(folder, window_ms, per_rate):
             both = [o for o in per if o["fixed_ok"] and o["adaptive_ok"]
                     and (o.get("adaptive_learned_l1_ms") or 0) > 0]
             if has_l1 and len(both) > 1:
-                band = next(name for name, lo, hi in BANDS if lo < rate <= hi)
                 logs = [math.log(o["adaptive_learned_l1_ms"]) for o in both]
                 mean = statistics.mean(logs)
                 def centred(xs):  # each over its rate's mean
