@@ -20,7 +20,8 @@
 // sizes 1, 2, 3, 4, 6, 8, 12, ... up to the cap — is played through a small discrete-event
 // model of the lanes (6000 Poisson arrivals at the estimated rate, served in the learned
 // times, each scaled by the model's measured spread: the last 128 ratios of a batch's time
-// to its size's mean, replayed in turn), and the objective picks the pair to put in force:
+// to its size's mean, each batch drawing the ratio its first request's place hashes to, the
+// same for every pair), and the objective picks the pair to put in force:
 // the predicted p95 (or p99, when a p99 target is set and is the tighter) over its target,
 // lowest; among the pairs within 5 % of that lowest tail, the one with the least lane time
 // per request (the cheapest that is as fast); then the lower tail, then the shorter window

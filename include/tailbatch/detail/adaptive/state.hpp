@@ -23,6 +23,7 @@
 #include <tailbatch/batch_policy.hpp>
 #include <tailbatch/detail/adaptive/arrival_counter.hpp>
 #include <tailbatch/detail/adaptive/lane_lookahead.hpp>
+#include <tailbatch/detail/hash.hpp>
 #include <tailbatch/detail/math.hpp>
 #include <tailbatch/detail/time.hpp>
 #include <tailbatch/metrics.hpp>
@@ -48,9 +49,12 @@ class AdaptiveState {
   // which the noise of the slope moves by far more than the model moves.)
   static constexpr double cost_drift = 0.10;
   // The spread of the model's time: the last this-many ratios of a batch's time to its
-  // size's mean, replayed (in order, cycling) on the planner's batches, so that the plans
-  // see the tail a real model has. 1.0 each until measured: a model whose time does not
-  // spread plans as before.
+  // size's mean, replayed on the planner's batches, so that the plans see the tail a real
+  // model has. 1.0 each until measured: a model whose time does not spread plans as
+  // before. A batch draws the ratio its first request's place in the simulated arrivals
+  // hashes to (spread_slot), so every candidate of a plan meets the same slow spells at
+  // the same requests, and two candidates differ by their windows and sizes rather than
+  // by which batch happened to draw a slow ratio (common random numbers).
   static constexpr std::size_t spread_samples = 128;
   // A ratio is capped here (a stall of seconds is not a cost to plan with).
   static constexpr double spread_cap = 8.0;
@@ -368,9 +372,8 @@ class AdaptiveState {
     // The first window index from which, for a size, every longer window plays out the
     // same (job_window_free_); likewise per window the first size index (size_free).
     std::array<std::size_t, window_grid.size()> size_free{};
-    std::size_t h = 0;          // requests simulated so far
-    std::size_t h_batches = 0;  // and batches (the index into the spread)
-    double lane_time = 0.0;     // the candidate's lane time so far, seconds
+    std::size_t h = 0;       // requests simulated so far
+    double lane_time = 0.0;  // the candidate's lane time so far, seconds
     std::size_t over95 = 0, over99 = 0;
     std::size_t top_count = 0;  // latencies in job_top_
     AdaptivePlan best{};
@@ -734,7 +737,6 @@ class AdaptiveState {
         job_.b = b;
         job_.w = window_grid[c / batch_grid_.size()] * job_table_[1];
         job_.h = 0;
-        job_.h_batches = 0;
         job_.lane_time = 0.0;
         job_.over95 = 0;
         job_.over99 = 0;
@@ -771,7 +773,7 @@ class AdaptiveState {
                                                : std::numeric_limits<double>::infinity();
         if (last > first + job_.w && job_lane_free_[lane] < last) job_.window_mattered = true;
         if (e - h == job_.b || last <= first + job_.w) job_.size_mattered = true;
-        const double service = job_table_[e - h] * job_spread_[job_.h_batches++ % spread_samples];
+        const double service = job_table_[e - h] * job_spread_[spread_slot(h)];
         const double done = t + service;
         job_.lane_time += service;
         job_lane_free_[lane] = done;
@@ -885,6 +887,11 @@ class AdaptiveState {
     adopt(job_.best, job_.bucket, job_.epoch, job_.lanes, wi, bi);
   }
 
+  // The spread ratio a batch whose first request is the h-th simulated arrival draws.
+  static constexpr std::size_t spread_slot(std::size_t h) noexcept {
+    return static_cast<std::size_t>(mix64(h) % spread_samples);
+  }
+
   // A FixedWindow(b, w) on lanes_ lanes fed plan_requests Poisson arrivals at `rate`,
   // served in the learned times: the p95 and p99 of time in queue plus service (the
   // first tenth of the requests excluded). O(plan_requests); never allocates.
@@ -892,7 +899,7 @@ class AdaptiveState {
     const std::size_t n = unit_arrivals_.size();
     const double scale = 1.0 / rate;
     std::fill(lane_free_.begin(), lane_free_.begin() + static_cast<std::ptrdiff_t>(lanes_), 0.0);
-    std::size_t h = 0, batches = 0;
+    std::size_t h = 0;
     while (h < n) {
       std::size_t lane = 0;
       for (std::size_t i = 1; i < lanes_; ++i)
@@ -903,7 +910,7 @@ class AdaptiveState {
       const double t = std::max(lane_free_[lane], close);
       std::size_t e = h + 1;
       while (e < n && e - h < b && unit_arrivals_[e] * scale <= t) ++e;
-      const double done = t + table_[e - h] * spread_[batches++ % spread_samples];
+      const double done = t + table_[e - h] * spread_[spread_slot(h)];
       lane_free_[lane] = done;
       for (std::size_t i = h; i < e; ++i) latencies_[i] = done - unit_arrivals_[i] * scale;
       h = e;
