@@ -28,8 +28,8 @@
 // (AdaptiveWindow::plan and predict), beside the p95 each measured. --results FILE
 // writes one JSON object per rate (the fixed and the adaptive window's p95, CPU per
 // request, mean batch and whether each met the SLO, and these planner figures with the
-// cost of a batch of one it had learned, null under --control), then one with both saturation rates; benchmarks/adaptive/live.sh
-// and live_bands.py read it.
+// cost of a batch of one it had learned, null under --control), then one with both
+// saturation rates; benchmarks/adaptive/live.sh and live_bands.py read it.
 //
 // The window: the latency field guide's 2-10 ms is for a model that takes ~20 ms per batch; the
 // reference classifier takes ~1 ms at batch 1 on a CPU, so the demo scales the window down with it.

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <tailbatch/adaptive_window.hpp>
+#include <tailbatch/detail/hash.hpp>
 #include <tailbatch/metrics.hpp>
 #include <tailbatch/tools/simulator.hpp>
 #include <thread>
@@ -266,10 +267,7 @@ TEST_CASE(
   // shorter's at 4 of these 1200 steps.
   std::uint64_t state = 0;
   const auto uniform = [&state] {  // splitmix64, (0, 1)
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
+    const std::uint64_t z = detail::mix64(state += 0x9e3779b97f4a7c15ULL);
     return (static_cast<double>(z >> 11) + 0.5) * 0x1.0p-53;
   };
   std::size_t decreasing = 0, steps = 0;

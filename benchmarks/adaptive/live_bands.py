@@ -46,6 +46,12 @@ def corr(xs, ys):
         return float("nan")
 
 
+def centred(xs):
+    """Each value less the mean of them all: a run's move over its rate's mean."""
+    mean = statistics.mean(xs)
+    return [x - mean for x in xs]
+
+
 def gmean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
@@ -128,10 +134,7 @@ def summarise(folder, window_ms, per_rate):
             if len(per) > 1 and all(o["fixed_ok"] for o in per):
                 # Each run's log over its rate's mean log: a run's move, robust to the one
                 # run whose prediction was ten times the others'.
-                def moves(k):
-                    logs = [math.log(o[k]) for o in per]
-                    mean = statistics.mean(logs)
-                    return [x - mean for x in logs]
+                moves = lambda k: centred([math.log(o[k]) for o in per])
                 xs, ys, ls = moved[band]
                 xs += moves("predicted_fixed_p95_ms")
                 ys += moves("fixed_p95_ms")
@@ -140,13 +143,8 @@ def summarise(folder, window_ms, per_rate):
             both = [o for o in per if o["fixed_ok"] and o["adaptive_ok"]
                     and (o.get("adaptive_learned_l1_ms") or 0) > 0]
             if has_l1 and len(both) > 1:
-                logs = [math.log(o["adaptive_learned_l1_ms"]) for o in both]
-                mean = statistics.mean(logs)
-                def centred(xs):  # each over its rate's mean
-                    mean = statistics.mean(xs)
-                    return [x - mean for x in xs]
                 l1, win, p95, cpu = paired[band]
-                l1 += [x - mean for x in logs]
+                l1 += centred([math.log(o["adaptive_learned_l1_ms"]) for o in both])
                 win += centred([o["adaptive_plan_window_ms"] for o in both])
                 p95 += centred([math.log(o["adaptive_p95_ms"] / o["fixed_p95_ms"]) for o in both])
                 cpu += centred([math.log(o["adaptive_cpu_ms_per_request"] /
