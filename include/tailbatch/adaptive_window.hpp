@@ -29,11 +29,12 @@
 // for the nearest rate, tried first, and each pair that matched or lowered the lowest tail
 // found so far (the others are cut short as soon as they are worse than it): in effect the
 // plan in force stays while its tail is within 5 % of the lowest, unless a pair found on
-// the way there is cheaper. At light load (a rate at most 1.5x what the lanes serve one
-// request at a time) the search also runs to the end each pair up to min(0.05 x the cost
-// of a batch of one, 0.5 % of the target) above the lowest tail so far: there a window a
-// fraction of a model call long batches requests that would otherwise each pay a call,
-// and such pairs would otherwise be cut short before the cheapest within 5 % is found.
+// the way there is cheaper. At light load (a rate at which one request at a time would
+// keep the lanes at most 60 % busy) a pair up to min(0.25 x the cost of a batch of one,
+// 0.5 % of the target) above the lowest tail counts as fast enough if it pays for its
+// rise: its lane time per request at least a quarter of that rise (as a fraction of the
+// lowest tail) below the lowest-tail pair's. There a window a fraction of a model call
+// long batches requests that would otherwise each pay a call.
 // Plans are remembered per rate, so a load that comes back
 // costs nothing to plan again.
 //
