@@ -469,12 +469,11 @@ TEST_CASE(
     "[adaptive]") {
   // 200 us plus 600 us a request on one lane at 312 requests/s (one request at a time
   // keeps it 25 % busy). A pair costs 12.5 % less a request than two calls, but a window
-  // a fraction of a call long pairs few requests at this rate: the plans within the slack
-  // (0.2 ms, min(0.25 x L(1), 0.5 % of the 50 ms target)) save under 2 % of the lane time
-  // per request for a tail up to 12 % above the lowest. A plan above the lowest tail must
-  // save at least a quarter of the fraction it is above it (light_exchange); none does,
-  // so the plan keeps the lowest tail. Without that rule the cheapest plan within the
-  // slack wins: a window of 0.32 ms, its p95 12 % above the lowest.
+  // a fraction of a call long pairs few requests at this rate. A plan above the lowest
+  // tail must save lane time per request of at least a quarter of the fraction it is above
+  // it (light_exchange); none within the slack (0.2 ms, min(0.25 x L(1), 0.5 % of the
+  // 50 ms target)) does, so the plan keeps the lowest tail. Without that rule the cheapest
+  // plan within the slack wins: a window of 0.32 ms, its p95 12 % above the lowest.
   const auto cost = [](std::size_t b) {
     return std::chrono::nanoseconds(200us) + std::chrono::nanoseconds(600us) * b;
   };
