@@ -94,6 +94,19 @@ void drive_arrivals(const AdaptiveWindow& p, ManualClock& clock, std::size_t cou
   }
 }
 
+// The lowest p95 the planner's grid offers on one lane at `rate` for sizes up to 32 (its
+// windows are fractions of `call`, the cost of a batch of one, in seconds).
+double lowest_p95(const AdaptiveWindow& p, double rate, double call) {
+  double low = 1e300;
+  for (double f : {0.0, 0.025, 0.05, 0.1, 0.15, 0.25, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0})
+    for (std::size_t b : {1u, 2u, 3u, 4u, 6u, 8u, 12u, 16u, 24u, 32u})
+      low = std::min(low, p.predict(rate, 1, b,
+                                    std::chrono::duration_cast<BatchDuration>(
+                                        std::chrono::duration<double>(f * call)))
+                              .predicted_p95_s);
+  return low;
+}
+
 const LinearCost example1_cost{20ms, 3ms};
 
 // `count` arrivals `gap` apart (drive_arrivals), then Example 1's cost taught for every size
@@ -412,18 +425,6 @@ TEST_CASE(
     return std::chrono::nanoseconds(1ms) + std::chrono::nanoseconds(800us) * b;
   };
   const double l1 = 0.0018;
-  // The lowest p95 the planner's grid offers at `rate` (its windows are fractions of L(1)).
-  const auto lowest = [](const AdaptiveWindow& p, double rate, double call) {
-    double low = 1e300;
-    for (double f : {0.0, 0.025, 0.05, 0.1, 0.15, 0.25, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0})
-      for (std::size_t b : {1u, 2u, 3u, 4u, 6u, 8u, 12u, 16u, 24u, 32u})
-        low = std::min(
-            low, p.predict(rate, 1, b,
-                           std::chrono::duration_cast<BatchDuration>(
-                               std::chrono::duration<double>(f * call)))
-                     .predicted_p95_s);
-    return low;
-  };
   ManualClock clock;
   // 300 requests/s: one request at a time keeps the lane 54 % busy (light load: at most 60 %).
   const AdaptiveWindow light(config(50ms, 32));
@@ -432,7 +433,7 @@ TEST_CASE(
   teach(light, cost, 32, 16, clock.now());
   const AdaptivePlan lp = light.plan();
   REQUIRE(lp.rate_rps == Approx(300.0).epsilon(0.05));
-  const double light_low = lowest(light, lp.rate_rps, l1);
+  const double light_low = lowest_p95(light, lp.rate_rps, l1);
   INFO("light: plan " << lp.batch << " / " << ms(lp.window) << " ms, p95 "
                       << lp.predicted_p95_s * 1e3 << " ms, lowest " << light_low * 1e3 << " ms");
   // Within the slack of the lowest (0.25 ms: 5.7 % of it here, more than tail_tolerance),
@@ -457,7 +458,7 @@ TEST_CASE(
   teach(heavy, fast, 32, 16, clock.now());
   const AdaptivePlan hp = heavy.plan();
   REQUIRE(hp.rate_rps == Approx(2000.0).epsilon(0.05));
-  const double heavy_low = lowest(heavy, hp.rate_rps, 0.00124);
+  const double heavy_low = lowest_p95(heavy, hp.rate_rps, 0.00124);
   INFO("heavy: plan " << hp.batch << " / " << ms(hp.window) << " ms, p95 "
                       << hp.predicted_p95_s * 1e3 << " ms, lowest " << heavy_low * 1e3 << " ms");
   CHECK(hp.predicted_p95_s <= heavy_low + 1e-9);
@@ -484,13 +485,7 @@ TEST_CASE(
   teach(p, cost, 32, 16, clock.now());
   const AdaptivePlan plan = p.plan();
   REQUIRE(plan.rate_rps == Approx(312.5).epsilon(0.05));
-  double low = 1e300;
-  for (double f : {0.0, 0.025, 0.05, 0.1, 0.15, 0.25, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0})
-    for (std::size_t b : {1u, 2u, 3u, 4u, 6u, 8u, 12u, 16u, 24u, 32u})
-      low = std::min(low, p.predict(plan.rate_rps, 1, b,
-                                    std::chrono::duration_cast<BatchDuration>(
-                                        std::chrono::duration<double>(f * 0.0008)))
-                              .predicted_p95_s);
+  const double low = lowest_p95(p, plan.rate_rps, 0.0008);
   INFO("plan " << plan.batch << " / " << ms(plan.window) << " ms, p95 "
                << plan.predicted_p95_s * 1e3 << " ms, lowest " << low * 1e3 << " ms");
   CHECK(plan.predicted_p95_s <= low + 1e-9);
